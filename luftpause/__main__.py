@@ -1,0 +1,5 @@
+"""`python -m luftpause` is the `luftpause` command."""
+
+from luftpause.cli import main
+
+main()

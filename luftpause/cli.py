@@ -1,0 +1,112 @@
+"""The `luftpause` command: one subcommand per service, and `up` for the whole stack.
+
+Each service subcommand runs one process in the foreground; `luftpause up` runs them all as
+child processes (see `luftpause.up`). Service modules are imported only when their subcommand
+runs, so `luftpause --help` stays fast and a broken optional piece cannot stop the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from luftpause import __version__, config
+
+
+def _load_config(args: argparse.Namespace) -> config.Config:
+    try:
+        return config.load(args.config)
+    except config.ConfigError as e:
+        print(f"luftpause: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _scheduler(args: argparse.Namespace) -> None:
+    from luftpause.scheduler.host import serve
+
+    serve(_load_config(args))
+
+
+def _dataplane(args: argparse.Namespace) -> None:
+    from luftpause.dataplane.app import serve
+
+    serve(_load_config(args))
+
+
+def _runtime(args: argparse.Namespace) -> None:
+    from luftpause.runtime.server import serve
+
+    serve(_load_config(args), state_dir=args.state_dir)
+
+
+def _fake_engine(args: argparse.Namespace) -> None:
+    from luftpause.fake_engine.server import serve
+
+    serve(name=args.name, host=args.host, port=args.port, model=args.model, slots=args.slots)
+
+
+def _fake_mcp(args: argparse.Namespace) -> None:
+    from luftpause.fake_mcp.server import serve
+
+    serve(host=args.host, port=args.port)
+
+
+def _up(args: argparse.Namespace) -> None:
+    from luftpause.up import up
+
+    raise SystemExit(up(config_path=args.config, state_dir=args.state_dir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="luftpause",
+        description="Run-aware scheduling between agent harnesses and LLM inference engines.",
+    )
+    parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", metavar="FILE", help="TOML config file (default: the embedded stack)")
+        return p
+
+    p = with_config(sub.add_parser("up", help="start the whole stack on this machine (fake engines by default)"))
+    p.add_argument("--state-dir", default=None, help="where the runtime keeps runs.jsonl (default from config)")
+    p.set_defaults(func=_up)
+
+    with_config(sub.add_parser("scheduler", help="the scheduler: gRPC on 5000, status on 5001")).set_defaults(
+        func=_scheduler
+    )
+    with_config(sub.add_parser("dataplane", help="the OpenAI-compatible proxy on 8080")).set_defaults(
+        func=_dataplane
+    )
+    p = with_config(sub.add_parser("runtime", help="the MCP server with spawn / await on 7000"))
+    p.add_argument("--state-dir", default=None, help="where runs.jsonl lives (default from config)")
+    p.set_defaults(func=_runtime)
+
+    p = sub.add_parser("fake-engine", help="a simulated OpenAI-compatible engine")
+    p.add_argument("--name", default="fake-a", help="replica name, returned as system_fingerprint")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=config.FAKE_ENGINE_PORTS[0])
+    p.add_argument("--model", default=config.DEFAULT_MODEL)
+    p.add_argument("--slots", type=int, default=8, help="requests decoded at once; more wait in its queue")
+    p.set_defaults(func=_fake_engine)
+
+    p = sub.add_parser("fake-mcp", help="a fake MCP tool server (lookup, deep_search)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=config.FAKE_MCP_PORT)
+    p.set_defaults(func=_fake_mcp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The one configuration file every luftpause service reads.
+
+A TOML file (stdlib `tomllib`) validated with pydantic. Every service starts without one, on the
+embedded defaults: two fake engines and the fake MCP tool server on loopback, which is what
+`luftpause up` starts. Secrets never live in the file: the bearer token comes from
+`LUFTPAUSE_TOKEN` and each hosted endpoint's API key from the variable its `api_key_env` names.
+
+An invalid file raises `ConfigError`, whose message names the file, the key and what was
+expected, so that a service can print it and exit.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Ports from the description; the fake engines' and fake MCP's are ours, kept stable.
+SCHEDULER_GRPC_PORT = 5000
+SCHEDULER_STATUS_PORT = 5001
+DATAPLANE_PORT = 8080
+RUNTIME_PORT = 7000
+FAKE_ENGINE_PORTS = (9001, 9002)
+FAKE_MCP_PORT = 9100
+DEFAULT_MODEL = "fake-llama"
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, unreadable or invalid; the message says how."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Replica(_Strict):
+    """One endpoint in the engine pool: an engine, a router in front of engines, or a hosted API."""
+
+    name: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://")
+    kind: Literal["generative", "single-pass"] = "generative"
+    models: list[str] = Field(min_length=1)
+    health_path: str = "/health"
+    # Which metric names /metrics is read with; "none" means the engine reports no load and is
+    # never capped (Ollama, hosted APIs).
+    metrics: Literal["sglang", "vllm", "llamacpp", "none"] = "sglang"
+    # Name of the environment variable holding this endpoint's API key, sent as a bearer token.
+    api_key_env: str | None = None
+    # For a router: the replicas (by name) whose engines' load counts as this one's.
+    load_from: list[str] = []
+
+    def api_key(self) -> str | None:
+        """The API key from the environment, or None when no variable is configured or it is unset."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class SchedulerSettings(_Strict):
+    host: str = "127.0.0.1"
+    grpc_port: int = SCHEDULER_GRPC_PORT
+    status_port: int = SCHEDULER_STATUS_PORT
+    probe_period_s: float = 2.0
+
+
+class DataplaneSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = DATAPLANE_PORT
+    # host:port of the scheduler's gRPC server
+    scheduler: str = f"127.0.0.1:{SCHEDULER_GRPC_PORT}"
+
+
+class McpServer(_Strict):
+    """An upstream MCP tool server the runtime's sub-agents may call: over HTTP or over stdio."""
+
+    name: str = Field(min_length=1)
+    url: str | None = None
+    command: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("set exactly one of url (streamable HTTP) or command (stdio)")
+        return self
+
+
+class RuntimeSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = RUNTIME_PORT
+    dataplane: str = f"http://127.0.0.1:{DATAPLANE_PORT}"
+    state_dir: str = "state"
+    default_model: str = DEFAULT_MODEL
+    mcp_servers: list[McpServer] = [McpServer(name="fake-mcp", url=f"http://127.0.0.1:{FAKE_MCP_PORT}/mcp")]
+
+
+def _embedded_replicas() -> list[Replica]:
+    return [
+        Replica(name=f"fake-{chr(ord('a') + i)}", url=f"http://127.0.0.1:{port}", models=[DEFAULT_MODEL])
+        for i, port in enumerate(FAKE_ENGINE_PORTS)
+    ]
+
+
+class Config(_Strict):
+    """The whole file. Each section is optional; a missing one takes the embedded defaults."""
+
+    scheduler: SchedulerSettings = SchedulerSettings()
+    dataplane: DataplaneSettings = DataplaneSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    replicas: list[Replica] = Field(default_factory=_embedded_replicas, min_length=1)
+
+    @model_validator(mode="after")
+    def _names_resolve(self) -> Config:
+        names = [r.name for r in self.replicas]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"replica names must be unique; repeated: {', '.join(dupes)}")
+        for r in self.replicas:
+            unknown = [n for n in r.load_from if n not in names]
+            if unknown:
+                raise ValueError(f"replica {r.name!r}: load_from names unknown replicas {unknown}")
+        return self
+
+    def replica(self, name: str) -> Replica | None:
+        return next((r for r in self.replicas if r.name == name), None)
+
+
+def load(path: str | os.PathLike[str] | None) -> Config:
+    """Reads and validates `path`; with None, returns the embedded defaults."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file; pass an existing TOML file or omit --config") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            problems.append(f"  {key}: {err['msg']}")
+        raise ConfigError(f"{p}: invalid configuration:\n" + "\n".join(problems)) from None

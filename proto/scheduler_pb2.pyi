@@ -1,0 +1,177 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERACTIVE: _ClassVar[ServiceClass]
+    BATCH: _ClassVar[ServiceClass]
+
+class ReplicaKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GENERATIVE: _ClassVar[ReplicaKind]
+    SINGLE_PASS: _ClassVar[ReplicaKind]
+
+class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IDLE: _ClassVar[RunPhase]
+    GENERATING: _ClassVar[RunPhase]
+    PAUSED: _ClassVar[RunPhase]
+INTERACTIVE: ServiceClass
+BATCH: ServiceClass
+GENERATIVE: ReplicaKind
+SINGLE_PASS: ReplicaKind
+IDLE: RunPhase
+GENERATING: RunPhase
+PAUSED: RunPhase
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("turn_id", "run_id", "service_class", "caller", "model", "kind", "traceparent")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    service_class: ServiceClass
+    caller: str
+    model: str
+    kind: ReplicaKind
+    traceparent: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("outcome", "replica", "url", "message", "held_ms")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PLACED: _ClassVar[AdmitReply.Outcome]
+        UNKNOWN_MODEL: _ClassVar[AdmitReply.Outcome]
+    PLACED: AdmitReply.Outcome
+    UNKNOWN_MODEL: AdmitReply.Outcome
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HELD_MS_FIELD_NUMBER: _ClassVar[int]
+    outcome: AdmitReply.Outcome
+    replica: str
+    url: str
+    message: str
+    held_ms: float
+    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ...) -> None: ...
+
+class TurnStarted(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TurnCompleted(_message.Message):
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "tool_call_ids")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TurnFailed(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    def __init__(self, error: _Optional[str] = ...) -> None: ...
+
+class TurnAbandoned(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunEnded(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TurnEvent(_message.Message):
+    __slots__ = ("turn_id", "run_id", "started", "first_token", "completed", "failed", "abandoned", "run_ended")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    started: TurnStarted
+    first_token: FirstToken
+    completed: TurnCompleted
+    failed: TurnFailed
+    abandoned: TurnAbandoned
+    run_ended: RunEnded
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., completed: _Optional[_Union[TurnCompleted, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
+
+class ReportAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunState(_message.Message):
+    __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    replica: str
+    phase: RunPhase
+    service_class: ServiceClass
+    caller: str
+    idle_s: float
+    def __init__(self, run_id: _Optional[str] = ..., replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., idle_s: _Optional[float] = ...) -> None: ...
+
+class InFlightTurn(_message.Message):
+    __slots__ = ("turn_id", "run_id", "replica", "service_class", "caller", "model", "kind")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    replica: str
+    service_class: ServiceClass
+    caller: str
+    model: str
+    kind: ReplicaKind
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ...) -> None: ...
+
+class ResyncRequest(_message.Message):
+    __slots__ = ("runs", "turns")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunState]
+    turns: _containers.RepeatedCompositeFieldContainer[InFlightTurn]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunState, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ...) -> None: ...
+
+class ResyncReply(_message.Message):
+    __slots__ = ("runs", "turns")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    turns: int
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
