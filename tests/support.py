@@ -1,0 +1,166 @@
+"""What the end-to-end tests share: free ports, config files, and services as real processes.
+
+Every service a test talks to is started here as `python -m luftpause <service> ...` on loopback
+ports picked at random, and stopped (SIGTERM, then SIGKILL) when the test is done. Readiness is
+waited for by polling a URL or a TCP port until it answers, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float = START_TIMEOUT_S, interval_s: float = 0.05, what: str = "condition"):
+    """Polls `predicate` until it returns a truthy value, which is returned; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def tcp_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Service:
+    """One service running as a child process; its output goes to `log`."""
+
+    name: str
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str] | None = None) -> Service:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "luftpause", *self.args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` to the service and waits for it to exit."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_http(self, url: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited early:\n{self.output()[-3000:]}")
+            return http_ok(url)
+
+        wait_until(ready, timeout_s, what=f"{self.name} at {url}")
+
+    def wait_tcp(self, port: int, timeout_s: float = START_TIMEOUT_S) -> None:
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited early:\n{self.output()[-3000:]}")
+            return tcp_open(port)
+
+        wait_until(ready, timeout_s, what=f"{self.name} on port {port}")
+
+
+@dataclass
+class Ports:
+    """One set of ports for a whole stack, all free when picked."""
+
+    grpc: int = field(default_factory=free_port)
+    status: int = field(default_factory=free_port)
+    dataplane: int = field(default_factory=free_port)
+    runtime: int = field(default_factory=free_port)
+    fake_mcp: int = field(default_factory=free_port)
+    engines: list[int] = field(default_factory=lambda: [free_port(), free_port()])
+
+
+def write_config(directory: Path, ports: Ports, extra: str = "", models: tuple[str, ...] = ("fake-llama",)) -> Path:
+    """Writes a config file for a stack on `ports` (two fake engines) and returns its path."""
+    model_list = ", ".join(f'"{m}"' for m in models)
+    replicas = "".join(
+        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = [{model_list}]\n'
+        for i, port in enumerate(ports.engines)
+    )
+    text = f"""
+[scheduler]
+grpc_port = {ports.grpc}
+status_port = {ports.status}
+
+[dataplane]
+port = {ports.dataplane}
+scheduler = "127.0.0.1:{ports.grpc}"
+
+[runtime]
+port = {ports.runtime}
+dataplane = "http://127.0.0.1:{ports.dataplane}"
+state_dir = "{directory / "state"}"
+
+[[runtime.mcp_servers]]
+name = "fake-mcp"
+url = "http://127.0.0.1:{ports.fake_mcp}/mcp"
+{replicas}
+{extra}
+"""
+    path = directory / "luftpause.toml"
+    path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def running(*services: Service) -> Iterator[tuple[Service, ...]]:
+    """Stops every service on the way out, even when the test failed."""
+    try:
+        yield services
+    finally:
+        for s in reversed(services):
+            s.stop()
