@@ -55,7 +55,8 @@ def _fake_mcp(args: argparse.Namespace) -> None:
 def _up(args: argparse.Namespace) -> None:
     from luftpause.up import up
 
-    raise SystemExit(up(config_path=args.config, state_dir=args.state_dir))
+    with_fakes = True if args.with_fakes else None
+    raise SystemExit(up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", metavar="FILE", help="TOML config file (default: the embedded stack)")
         return p
 
-    p = with_config(sub.add_parser("up", help="start the whole stack on this machine (fake engines by default)"))
-    p.add_argument("--state-dir", default=None, help="where the runtime keeps runs.jsonl (default from config)")
+    p = with_config(
+        sub.add_parser("up", help="start the whole stack on this machine (fake engines by default)")
+    )
+    p.add_argument(
+        "--state-dir", default=None, help="where the runtime keeps runs.jsonl (default from config)"
+    )
+    p.add_argument(
+        "--with-fakes",
+        action="store_true",
+        help="with --config: also start a fake engine per loopback replica and a fake MCP server per loopback tool server",
+    )
     p.set_defaults(func=_up)
 
     with_config(sub.add_parser("scheduler", help="the scheduler: gRPC on 5000, status on 5001")).set_defaults(

@@ -1,0 +1,67 @@
+"""The config file: embedded defaults, and errors that name the file, the key and the problem."""
+
+from pathlib import Path
+
+import pytest
+
+from luftpause import config
+
+
+def test_no_file_gives_the_embedded_stack() -> None:
+    conf = config.load(None)
+    assert [r.name for r in conf.replicas] == ["fake-a", "fake-b"]
+    assert [r.url for r in conf.replicas] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    assert conf.scheduler.grpc_port == 5000 and conf.scheduler.status_port == 5001
+    assert conf.dataplane.port == 8080 and conf.runtime.port == 7000
+    assert conf.runtime.mcp_servers[0].url == "http://127.0.0.1:9100/mcp"
+
+
+def test_a_file_overrides_sections(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[dataplane]\nport = 18080\n\n[[replicas]]\nname = "gpu-0"\nurl = "https://pod.example/v1"\n'
+        'models = ["llama-3.3-70b"]\napi_key_env = "POD_KEY"\nmetrics = "vllm"\n'
+    )
+    conf = config.load(f)
+    assert conf.dataplane.port == 18080
+    assert conf.scheduler.grpc_port == 5000
+    (replica,) = conf.replicas
+    assert replica.metrics == "vllm" and replica.api_key_env == "POD_KEY"
+
+
+def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    replica = config.Replica(name="r", url="https://x", models=["m"], api_key_env="LP_TEST_KEY")
+    monkeypatch.delenv("LP_TEST_KEY", raising=False)
+    assert replica.api_key() is None
+    monkeypatch.setenv("LP_TEST_KEY", "sk-1")
+    assert replica.api_key() == "sk-1"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[dataplane]\nprot = 1\n', "dataplane.prot"),
+        ('[[replicas]]\nname = "a"\nurl = "ftp://x"\nmodels = ["m"]\n', "replicas.0.url"),
+        ('[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = []\n', "replicas.0.models"),
+        (
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
+            '[[replicas]]\nname = "a"\nurl = "http://y"\nmodels = ["m"]\n',
+            "repeated: a",
+        ),
+        ('[[replicas]]\nname = "r"\nurl = "http://x"\nmodels = ["m"]\nload_from = ["nope"]\n', "unknown replicas"),
+        ('[[runtime.mcp_servers]]\nname = "t"\n', "exactly one of url"),
+        ("[dataplane\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_name_file_key_and_problem(tmp_path: Path, text: str, expected: str) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError) as err:
+        config.load(f)
+    assert str(f) in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match="no such file"):
+        config.load(tmp_path / "absent.toml")
