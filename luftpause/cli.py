@@ -59,6 +59,13 @@ def _up(args: argparse.Namespace) -> None:
     raise SystemExit(up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes))
 
 
+def _bench(args: argparse.Namespace) -> None:
+    import importlib
+
+    module = importlib.import_module(f"luftpause.bench.{args.scenario}")
+    raise SystemExit(module.main(args.rest))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="luftpause",
@@ -107,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=config.FAKE_MCP_PORT)
     p.set_defaults(func=_fake_mcp)
+    p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
+    p.add_argument("scenario", choices=["fanout"], help="which benchmark")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    p.set_defaults(func=_bench)
     return parser
 
 

@@ -30,7 +30,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout_s: float = START_TIMEOUT_S, interval_s: float = 0.05, what: str = "condition"):
+def wait_until(
+    predicate, timeout_s: float = START_TIMEOUT_S, interval_s: float = 0.05, what: str = "condition"
+):
     """Polls `predicate` until it returns a truthy value, which is returned; fails after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -124,7 +126,9 @@ class Ports:
     engines: list[int] = field(default_factory=lambda: [free_port(), free_port()])
 
 
-def write_config(directory: Path, ports: Ports, extra: str = "", models: tuple[str, ...] = ("fake-llama",)) -> Path:
+def write_config(
+    directory: Path, ports: Ports, extra: str = "", models: tuple[str, ...] = ("fake-llama",)
+) -> Path:
     """Writes a config file for a stack on `ports` (two fake engines) and returns its path."""
     model_list = ", ".join(f'"{m}"' for m in models)
     replicas = "".join(
