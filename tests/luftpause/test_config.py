@@ -40,7 +40,7 @@ def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('[dataplane]\nprot = 1\n', "dataplane.prot"),
+        ("[dataplane]\nprot = 1\n", "dataplane.prot"),
         ('[[replicas]]\nname = "a"\nurl = "ftp://x"\nmodels = ["m"]\n', "replicas.0.url"),
         ('[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = []\n', "replicas.0.models"),
         (
@@ -48,7 +48,10 @@ def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) 
             '[[replicas]]\nname = "a"\nurl = "http://y"\nmodels = ["m"]\n',
             "repeated: a",
         ),
-        ('[[replicas]]\nname = "r"\nurl = "http://x"\nmodels = ["m"]\nload_from = ["nope"]\n', "unknown replicas"),
+        (
+            '[[replicas]]\nname = "r"\nurl = "http://x"\nmodels = ["m"]\nload_from = ["nope"]\n',
+            "unknown replicas",
+        ),
         ('[[runtime.mcp_servers]]\nname = "t"\n', "exactly one of url"),
         ("[dataplane\n", "not valid TOML"),
     ],
