@@ -1,0 +1,193 @@
+"""What can happen to the scheduler: the events `decide` consumes.
+
+Each event is a frozen dataclass carrying the time it happened (`at`, seconds on the caller's
+clock). The gRPC host makes them from Admit calls, the report stream and Resync; the prober
+from health and metrics probes; the clock from its 1 s tick. The simulator makes the same ones
+in virtual time. An event names things by id; it never carries a reference into the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from luftpause import config as _config
+from luftpause.scheduler.state import Kind, Phase, ServiceClass
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One replica as configured: what `PoolConfigured` carries."""
+
+    name: str
+    url: str
+    kind: Kind = Kind.GENERATIVE
+    models: tuple[str, ...] = ()
+    reports_load: bool = True
+    load_from: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, replica: _config.Replica) -> ReplicaSpec:
+        return cls(
+            name=replica.name,
+            url=replica.url,
+            kind=Kind(replica.kind),
+            models=tuple(replica.models),
+            reports_load=replica.metrics != "none",
+            load_from=tuple(replica.load_from),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfigured:
+    """The pool, in config order. The first event of every log; sent again, it replaces the pool."""
+
+    replicas: tuple[ReplicaSpec, ...]
+    at: float = 0.0
+
+    @classmethod
+    def from_config(cls, replicas: Iterable[_config.Replica], at: float = 0.0) -> PoolConfigured:
+        return cls(tuple(ReplicaSpec.from_config(r) for r in replicas), at)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaProbed:
+    """A probe's answer. `running`/`waiting` are None when the replica reports no load or it could not be read."""
+
+    name: str
+    healthy: bool
+    running: int | None
+    waiting: int | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnArrived:
+    """An Admit call: a turn asks where to go. A retried admission reuses its turn id."""
+
+    turn_id: str
+    run_id: str
+    service_class: ServiceClass
+    caller: str
+    model: str
+    kind: Kind
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """The dataplane sent the turn's request to its replica."""
+
+    turn_id: str
+    run_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The replica's first token of the turn reached the dataplane."""
+
+    turn_id: str
+    run_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCompleted:
+    """The turn ended normally. Ending in tool calls pauses its run: it will come back."""
+
+    turn_id: str
+    run_id: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    tool_call_ids: tuple[str, ...]
+    at: float
+
+    @property
+    def paused_on_tool(self) -> bool:
+        # Some engines say "stop" while returning tool calls; the calls are what make the run come back.
+        return self.finish_reason == "tool_calls" or bool(self.tool_call_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed:
+    """The turn ended in an error (engine unreachable, refused, broke mid-stream, client left mid-stream)."""
+
+    turn_id: str
+    run_id: str
+    error: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAbandoned:
+    """The client gave up on the turn: cancelled its Admit while held, or left before the request went out."""
+
+    turn_id: str
+    run_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """The run is over (the runtime or an agent said so): forget it now instead of after 30 idle minutes."""
+
+    run_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The clock: drives the expiry of turns never reported done and of runs gone quiet."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncedRun:
+    """A run as the dataplane remembers it."""
+
+    run_id: str
+    replica: str | None
+    phase: Phase
+    service_class: ServiceClass
+    caller: str
+    idle_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncedTurn:
+    """A turn the dataplane has in flight on a replica."""
+
+    turn_id: str
+    run_id: str
+    replica: str
+    service_class: ServiceClass
+    caller: str
+    model: str
+    kind: Kind = Kind.GENERATIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Resynced:
+    """The dataplane's view of runs and in-flight turns, which replaces the scheduler's own."""
+
+    runs: tuple[ResyncedRun, ...]
+    turns: tuple[ResyncedTurn, ...]
+    at: float
+
+
+Event = (
+    PoolConfigured
+    | ReplicaProbed
+    | TurnArrived
+    | TurnStarted
+    | FirstToken
+    | TurnCompleted
+    | TurnFailed
+    | TurnAbandoned
+    | RunEnded
+    | Tick
+    | Resynced
+)

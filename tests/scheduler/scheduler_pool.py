@@ -1,0 +1,95 @@
+"""A small driver for the scheduler core in tests: a pool, a clock, and one-line events."""
+
+from __future__ import annotations
+
+from luftpause.scheduler.actions import Action, Place, Refuse
+from luftpause.scheduler.core import decide
+from luftpause.scheduler.events import (
+    Event,
+    PoolConfigured,
+    ReplicaProbed,
+    ReplicaSpec,
+    RunEnded,
+    Tick,
+    TurnAbandoned,
+    TurnArrived,
+    TurnCompleted,
+    TurnFailed,
+)
+from luftpause.scheduler.state import Kind, ServiceClass, State, TurnStatus
+
+
+def spec(name: str, *models: str, kind: Kind = Kind.GENERATIVE, reports_load: bool = True) -> ReplicaSpec:
+    return ReplicaSpec(name, f"http://{name}", kind, models or ("m",), reports_load)
+
+
+class Pool:
+    """Feeds events to `decide` one at a time, keeping the state and a clock that only moves when told."""
+
+    def __init__(self, *replicas: ReplicaSpec) -> None:
+        self.now = 0.0
+        self.state = State()
+        self.log: list[Event] = []
+        self.feed(PoolConfigured(replicas or (spec("a"), spec("b")), self.now))
+
+    def feed(self, event: Event) -> tuple[Action, ...]:
+        self.log.append(event)
+        self.state, actions = decide(self.state, event)
+        return actions
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+
+    def arrive(
+        self,
+        turn_id: str,
+        run_id: str | None = None,
+        cls: str = "interactive",
+        caller: str = "c",
+        model: str = "m",
+        kind: Kind = Kind.GENERATIVE,
+    ) -> tuple[Action, ...]:
+        return self.feed(
+            TurnArrived(turn_id, run_id or f"run-{turn_id}", ServiceClass(cls), caller, model, kind, self.now)
+        )
+
+    def complete(self, turn_id: str, tool_calls: bool = False) -> tuple[Action, ...]:
+        turn = self.state.turns[turn_id]
+        reason, ids = ("tool_calls", ("call_1",)) if tool_calls else ("stop", ())
+        return self.feed(TurnCompleted(turn_id, turn.run_id, reason, 100, 20, ids, self.now))
+
+    def fail(self, turn_id: str) -> tuple[Action, ...]:
+        return self.feed(
+            TurnFailed(turn_id, self.state.turns[turn_id].run_id, "engine a: connection refused", self.now)
+        )
+
+    def abandon(self, turn_id: str) -> tuple[Action, ...]:
+        return self.feed(TurnAbandoned(turn_id, self.state.turns[turn_id].run_id, self.now))
+
+    def end_run(self, run_id: str) -> tuple[Action, ...]:
+        return self.feed(RunEnded(run_id, self.now))
+
+    def probe(
+        self, name: str, healthy: bool = True, running: int | None = None, waiting: int | None = None
+    ) -> tuple[Action, ...]:
+        return self.feed(ReplicaProbed(name, healthy, running, waiting, self.now))
+
+    def tick(self) -> tuple[Action, ...]:
+        return self.feed(Tick(self.now))
+
+    def replica_of(self, turn_id: str) -> str | None:
+        """Where the turn is placed; None while it is held."""
+        turn = self.state.turns[turn_id]
+        return turn.replica if turn.status is TurnStatus.PLACED else None
+
+    def held(self) -> list[str]:
+        return [t.turn_id for t in sorted(self.state.held(), key=lambda t: t.seq)]
+
+
+def placements(actions: tuple[Action, ...]) -> list[tuple[str, str]]:
+    """(turn, replica) for each Place, in the order decided."""
+    return [(a.turn_id, a.replica) for a in actions if isinstance(a, Place)]
+
+
+def refusals(actions: tuple[Action, ...]) -> list[str]:
+    return [a.message for a in actions if isinstance(a, Refuse)]
