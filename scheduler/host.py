@@ -1,0 +1,296 @@
+"""The scheduler process: the gRPC server, the prober, the clock and the status server around `decide`.
+
+Everything here translates. An Admit call becomes a `TurnArrived` and waits for the `Place` or
+`Refuse` the core emits for that turn (at once or after being held); a cancelled Admit becomes a
+`TurnAbandoned`. Each message on the Report stream becomes the matching turn event, stamped with
+this process's monotonic clock on receipt; a Resync becomes `Resynced`. The prober and a 1 s tick
+feed `ReplicaProbed` and `Tick`. All of it runs on one asyncio event loop and `SchedulerHost.feed`
+never awaits, so calls into `decide` are serialised without a lock: each runs to completion,
+actions included, before the next event is looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import uvicorn
+
+from luftpause import config as _config
+from luftpause.proto import pb, rpc
+from luftpause.scheduler import events as ev
+from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
+from luftpause.scheduler.core import decide
+from luftpause.scheduler.prober import run_prober
+from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
+from luftpause.scheduler.status import build_app
+
+log = logging.getLogger("luftpause.scheduler")
+
+TICK_PERIOD_S = 1.0
+
+_CLASSES = {pb.INTERACTIVE: ServiceClass.INTERACTIVE, pb.BATCH: ServiceClass.BATCH}
+_KINDS = {pb.GENERATIVE: Kind.GENERATIVE, pb.SINGLE_PASS: Kind.SINGLE_PASS}
+_PHASES = {pb.IDLE: Phase.IDLE, pb.GENERATING: Phase.GENERATING, pb.PAUSED: Phase.PAUSED}
+
+
+class SchedulerHost:
+    """Holds the current state, feeds it events, and carries out the actions that come back."""
+
+    def __init__(self, config: _config.Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.state = State()
+        # Open Admit calls per turn id; a retried admission may wait beside the first.
+        self._waiting: dict[str, list[asyncio.Future[Place | Refuse]]] = {}
+        self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
+
+    def feed(self, event: ev.Event) -> tuple[Action, ...]:
+        before = self.state
+        self.state, actions = decide(self.state, event)
+        if isinstance(event, ev.ReplicaProbed):
+            self._log_health_change(before, event)
+        for action in actions:
+            self._carry_out(action)
+        return actions
+
+    def _carry_out(self, action: Action) -> None:
+        match action:
+            case Place() | Refuse():
+                if isinstance(action, Refuse):
+                    log.info("turn %s refused: %s", action.turn_id, action.message)
+                else:
+                    log.debug("turn %s of run %s placed on %s after %.3f s", action.turn_id, action.run_id,
+                              action.replica, action.held_s)  # fmt: skip
+                for waiter in self._waiting.pop(action.turn_id, []):
+                    if not waiter.done():
+                        waiter.set_result(action)
+            case TurnExpired():
+                log.warning("turn %s of run %s on %s never reported done; dropped, its slot freed",
+                            action.turn_id, action.run_id, action.replica)  # fmt: skip
+            case RunForgotten():
+                log.debug("run %s forgotten (%s)", action.run_id, action.reason)
+
+    def _log_health_change(self, before: State, probe: ev.ReplicaProbed) -> None:
+        old = before.replicas.get(probe.name)
+        if old is not None and (old.healthy != probe.healthy or not old.probed):
+            log.info("replica %s is %s", probe.name, "healthy" if probe.healthy else "unhealthy")
+
+    async def admit(self, arrived: ev.TurnArrived) -> Place | Refuse:
+        """Waits until the core places or refuses the turn; cancelling the wait abandons the turn."""
+        waiter: asyncio.Future[Place | Refuse] = asyncio.get_running_loop().create_future()
+        # Registered before the event is fed, since the answer may come back from this very call.
+        self._waiting.setdefault(arrived.turn_id, []).append(waiter)
+        self.feed(arrived)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            others = [w for w in self._waiting.get(arrived.turn_id, []) if w is not waiter]
+            if others:
+                self._waiting[arrived.turn_id] = others
+            else:
+                self._waiting.pop(arrived.turn_id, None)
+                self.feed(ev.TurnAbandoned(arrived.turn_id, arrived.run_id, self.clock()))
+            raise
+
+    def tick(self) -> None:
+        self.feed(ev.Tick(self.clock()))
+
+
+def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
+    """The core event for one Report message, or None for a message with no event set."""
+    match message.WhichOneof("event"):
+        case "started":
+            return ev.TurnStarted(message.turn_id, message.run_id, at)
+        case "first_token":
+            return ev.FirstToken(message.turn_id, message.run_id, at)
+        case "completed":
+            c = message.completed
+            return ev.TurnCompleted(
+                message.turn_id,
+                message.run_id,
+                c.finish_reason,
+                c.prompt_tokens,
+                c.completion_tokens,
+                tuple(c.tool_call_ids),
+                at,
+            )
+        case "failed":
+            return ev.TurnFailed(message.turn_id, message.run_id, message.failed.error, at)
+        case "abandoned":
+            return ev.TurnAbandoned(message.turn_id, message.run_id, at)
+        case "run_ended":
+            return ev.RunEnded(message.run_id, at)
+    return None
+
+
+def resynced(request: pb.ResyncRequest, at: float) -> ev.Resynced:
+    return ev.Resynced(
+        runs=tuple(
+            ev.ResyncedRun(
+                run_id=r.run_id,
+                replica=r.replica or None,
+                phase=_PHASES.get(r.phase, Phase.IDLE),
+                service_class=_CLASSES.get(r.service_class, ServiceClass.INTERACTIVE),
+                caller=r.caller,
+                idle_s=r.idle_s,
+            )
+            for r in request.runs
+        ),
+        turns=tuple(
+            ev.ResyncedTurn(
+                turn_id=t.turn_id,
+                run_id=t.run_id,
+                replica=t.replica,
+                service_class=_CLASSES.get(t.service_class, ServiceClass.INTERACTIVE),
+                caller=t.caller,
+                model=t.model,
+                kind=_KINDS.get(t.kind, Kind.GENERATIVE),
+            )
+            for t in request.turns
+        ),
+        at=at,
+    )
+
+
+class SchedulerService(rpc.SchedulerServicer):
+    """The gRPC face of `SchedulerHost`."""
+
+    def __init__(self, host: SchedulerHost) -> None:
+        self.host = host
+
+    async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
+        if not request.turn_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "turn_id is required")
+        if not request.model:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model is required")
+        arrived = ev.TurnArrived(
+            turn_id=request.turn_id,
+            run_id=request.run_id,
+            service_class=_CLASSES.get(request.service_class, ServiceClass.INTERACTIVE),
+            caller=request.caller,
+            model=request.model,
+            kind=_KINDS.get(request.kind, Kind.GENERATIVE),
+            at=self.host.clock(),
+        )
+        outcome = await self.host.admit(arrived)
+        if isinstance(outcome, Refuse):
+            return pb.AdmitReply(outcome=pb.AdmitReply.UNKNOWN_MODEL, message=outcome.message)
+        return pb.AdmitReply(
+            outcome=pb.AdmitReply.PLACED,
+            replica=outcome.replica,
+            url=outcome.url,
+            held_ms=outcome.held_s * 1000.0,
+        )
+
+    async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportAck:
+        async for message in request_iterator:
+            event = turn_event(message, self.host.clock())
+            if event is not None:
+                self.host.feed(event)
+        return pb.ReportAck()
+
+    async def Resync(self, request: pb.ResyncRequest, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
+        self.host.feed(resynced(request, self.host.clock()))
+        state = self.host.state
+        log.info("resynced: %d runs, %d turns in flight", len(state.runs), len(state.placed()))
+        return pb.ResyncReply(runs=len(state.runs), turns=len(state.placed()))
+
+
+class _StatusServer(uvicorn.Server):
+    # The process handles SIGTERM/SIGINT itself (see `_main`) and then stops this server.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def _ticks(host: SchedulerHost) -> None:
+    while True:
+        await asyncio.sleep(TICK_PERIOD_S)
+        host.tick()
+
+
+async def _main(config: _config.Config) -> None:
+    settings = config.scheduler
+    host = SchedulerHost(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    try:
+        status_socket = _listen(settings.host, settings.status_port)
+    except OSError as e:
+        raise SystemExit(
+            f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
+        ) from None
+
+    server = grpc.aio.server()
+    rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
+    try:
+        bound = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        status_socket.close()
+        raise SystemExit(f"luftpause scheduler: cannot listen on {settings.host}:{settings.grpc_port} (gRPC)")
+    await server.start()
+
+    status = _StatusServer(
+        uvicorn.Config(
+            build_app(lambda: host.state, host.clock), log_level="warning", access_log=False, lifespan="off"
+        )
+    )
+    tasks = [
+        asyncio.create_task(status.serve(sockets=[status_socket]), name="status"),
+        asyncio.create_task(
+            run_prober(config.replicas, settings.probe_period_s, host.feed, host.clock), name="prober"
+        ),
+        asyncio.create_task(_ticks(host), name="clock"),
+    ]
+    log.info(
+        "gRPC on %s:%d, status on http://%s:%d/, %d replicas: %s",
+        settings.host,
+        settings.grpc_port,
+        settings.host,
+        settings.status_port,
+        len(config.replicas),
+        ", ".join(r.name for r in config.replicas),
+    )
+
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    failed = [t for t in done if t is not stopped]
+    for task in failed:
+        log.error("the %s task stopped unexpectedly", task.get_name(), exc_info=task.exception())
+
+    log.info("stopping")
+    status.should_exit = True
+    # Open Admit calls are cancelled here; their turns leave the held queue as abandoned.
+    await server.stop(grace=1.0)
+    for task in tasks[1:]:
+        task.cancel()
+    stopped.cancel()
+    await asyncio.gather(*tasks, stopped, return_exceptions=True)
+    if failed:
+        raise SystemExit(1)
+
+
+def serve(config: _config.Config) -> None:
+    """Runs the scheduler in the foreground until SIGTERM or SIGINT."""
+    asyncio.run(_main(config))

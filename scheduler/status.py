@@ -1,0 +1,125 @@
+"""The scheduler's status: a JSON document and a small page, both views of the core's state.
+
+`GET /status` answers what the pool is doing: each replica with our turns in flight against its
+capacity, the turns held here by class and by caller with the oldest wait, and the runs by phase
+and class. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page polling /status.
+The server runs on the host's event loop, so each answer is a consistent snapshot of one state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.exceptions import HTTPException
+
+from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
+
+
+def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
+    return {
+        "count": len(turns),
+        "oldest_wait_s": round(max(now - t.arrived_at for t in turns), 3) if turns else None,
+    }
+
+
+def status_document(state: State, now: float) -> dict[str, Any]:
+    """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
+    in_flight: dict[str, int] = {}
+    for t in state.placed():
+        assert t.replica is not None
+        in_flight[t.replica] = in_flight.get(t.replica, 0) + 1
+    replicas = [
+        {
+            "name": r.name,
+            "url": r.url,
+            "kind": str(r.kind),
+            "models": sorted(r.models),
+            "healthy": r.healthy,
+            "probed": r.probed,
+            "in_flight": in_flight.get(r.name, 0),
+            "capacity": r.capacity(),
+            "running": r.running,
+            "waiting": r.waiting,
+            "paused_interactive": state.paused_interactive(r.name),
+        }
+        for r in state.replicas_in_order()
+    ]
+
+    held = sorted(state.held(), key=lambda t: t.seq)
+    by_caller: dict[str, list[Turn]] = {}
+    for t in held:
+        by_caller.setdefault(t.caller, []).append(t)
+
+    runs = list(state.runs.values())
+    by_class = {
+        str(c): {str(p): sum(1 for r in runs if r.service_class is c and r.phase is p) for p in Phase}
+        for c in ServiceClass
+    }
+    return {
+        "replicas": replicas,
+        "held": {
+            **_held_summary(held, now),
+            "by_class": {
+                str(c): _held_summary([t for t in held if t.service_class is c], now) for c in ServiceClass
+            },
+            "by_caller": {caller: _held_summary(ts, now) for caller, ts in sorted(by_caller.items())},
+        },
+        "runs": {
+            "count": len(runs),
+            "by_phase": {str(p): sum(1 for r in runs if r.phase is p) for p in Phase},
+            "by_class": by_class,
+        },
+    }
+
+
+def run_document(state: State, run_id: str, now: float) -> dict[str, Any] | None:
+    """One run's view, or None when the scheduler does not know it."""
+    run = state.runs.get(run_id)
+    if run is None:
+        return None
+    return {
+        "run_id": run.run_id,
+        "replica": run.replica,
+        "phase": str(run.phase),
+        "class": str(run.service_class),
+        "caller": run.caller,
+        "idle_s": round(max(now - run.last_activity, 0.0), 3),
+    }
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def build_app(current: Callable[[], State], clock: Callable[[], float]) -> FastAPI:
+    """The status app; `current` returns the host's state now, `clock` the time on the events' clock."""
+    app = FastAPI(title="luftpause scheduler status", docs_url=None, redoc_url=None, openapi_url=None)
+    page = resources.files("luftpause.scheduler").joinpath("status.html").read_text()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        # Unknown paths and wrong methods answer in the house error shape too.
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.get("/status")
+    async def status() -> JSONResponse:
+        return JSONResponse(status_document(current(), clock()))
+
+    @app.get("/status/runs/{run_id}")
+    async def run(run_id: str) -> JSONResponse:
+        doc = run_document(current(), run_id, clock())
+        if doc is None:
+            return _error(
+                404, f"no run '{run_id}' is known to the scheduler (it never ran, ended, or went idle)"
+            )
+        return JSONResponse(doc)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    return app

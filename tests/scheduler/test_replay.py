@@ -1,0 +1,103 @@
+"""Replaying a recorded event log reproduces every decision, in this process and in another one."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from scheduler_pool import Pool, spec
+
+from luftpause.scheduler.actions import Place
+from luftpause.scheduler.core import replay
+from luftpause.scheduler.events import Resynced, ResyncedRun, ResyncedTurn, TurnStarted
+from luftpause.scheduler.state import Kind, Phase, ServiceClass, TurnStatus
+
+
+def _busy_log(seed: int, steps: int = 400) -> tuple[list, list]:
+    """A log of a busy pool driven at random (every choice made from sorted lists), and its actions."""
+    rng = random.Random(seed)
+    pool = Pool(spec("a"), spec("b"), spec("c", "m", "other"), spec("cls", "m", kind=Kind.SINGLE_PASS))
+    actions: list = []
+    runs = [f"run-{i}" for i in range(12)]
+    callers = ["alice", "bob", ""]
+    for step in range(steps):
+        pool.wait(700.0 if rng.random() < 0.01 else rng.choice([0.0, 0.0, 0.5, 1.0, 5.0]))
+        placed = sorted(t.turn_id for t in pool.state.turns.values() if t.status is TurnStatus.PLACED)
+        held = pool.held()
+        roll = rng.random()
+        if roll < 0.4:
+            actions += pool.arrive(
+                f"turn-{step}",
+                run_id=rng.choice(runs),
+                cls=rng.choice(["interactive", "batch"]),
+                caller=rng.choice(callers),
+                model=rng.choice(["m", "m", "other", "unknown"]),
+                kind=Kind.SINGLE_PASS if rng.random() < 0.1 else Kind.GENERATIVE,
+            )
+        elif roll < 0.58 and placed:
+            actions += pool.complete(rng.choice(placed), tool_calls=rng.random() < 0.5)
+        elif roll < 0.65 and placed:
+            turn = pool.state.turns[rng.choice(placed)]
+            actions += pool.feed(TurnStarted(turn.turn_id, turn.run_id, pool.now))
+        elif roll < 0.7 and placed:
+            actions += pool.fail(rng.choice(placed))
+        elif roll < 0.75 and held:
+            actions += pool.abandon(rng.choice(held))
+        elif roll < 0.9:
+            name = rng.choice(["a", "b", "c", "cls"])
+            actions += pool.probe(name, rng.random() < 0.85, rng.randint(1, 3), rng.choice([0, 1, 1, 2]))
+        elif roll < 0.95:
+            actions += pool.tick()
+        elif roll < 0.98:
+            actions += pool.end_run(rng.choice(runs))
+        else:
+            actions += pool.feed(
+                Resynced(
+                    runs=(
+                        ResyncedRun(
+                            rng.choice(runs), "b", Phase.PAUSED, ServiceClass.INTERACTIVE, "bob", 12.0
+                        ),
+                    ),
+                    turns=tuple(
+                        ResyncedTurn(t, pool.state.turns[t].run_id, "a", ServiceClass.BATCH, "alice", "m")
+                        for t in placed[:2]
+                    ),
+                    at=pool.now,
+                )
+            )
+    return pool.log, actions
+
+
+def test_replaying_a_log_reproduces_every_action_and_the_final_state():
+    log, actions = _busy_log(seed=7)
+    assert sum(isinstance(a, Place) for a in actions) > 50  # the log really exercises placement
+    first_state, first = replay(log)
+    second_state, second = replay(log)
+    assert first == actions
+    assert second == actions
+    assert first_state == second_state
+
+
+def test_replay_does_not_depend_on_the_process_hash_seed(tmp_path: Path):
+    log, actions = _busy_log(seed=11, steps=250)
+    (tmp_path / "log.pickle").write_bytes(pickle.dumps(log))
+    script = (
+        "import pickle, sys; from luftpause.scheduler.core import replay; "
+        "state, actions = replay(pickle.load(open(sys.argv[1], 'rb'))); "
+        "sys.stdout.buffer.write(pickle.dumps((state, actions)))"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "log.pickle")],
+            capture_output=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            timeout=60,
+        ).stdout
+        state, replayed = pickle.loads(out)
+        assert replayed == actions
+        assert state == replay(log)[0]

@@ -1,0 +1,113 @@
+"""The status document and the status app, as views of a state built with `decide`."""
+
+from __future__ import annotations
+
+import httpx
+from scheduler_pool import Pool, spec
+
+from luftpause.scheduler.status import build_app, run_document, status_document
+
+
+def _busy_pool() -> Pool:
+    pool = Pool(spec("a"), spec("b", "m", "n"))
+    pool.probe("a", running=1, waiting=2)
+    pool.probe("b", healthy=False)
+    pool.arrive("t1", run_id="r1", caller="alice")  # placed on a
+    pool.arrive("t2", run_id="r2", caller="alice", cls="batch")  # held
+    pool.wait(4)
+    pool.arrive("t3", run_id="r3", caller="bob")  # held
+    pool.wait(1)
+    return pool
+
+
+def test_replicas_show_in_flight_against_capacity_in_config_order():
+    doc = status_document(_busy_pool().state, now=5.0)
+    assert doc["replicas"] == [
+        {
+            "name": "a",
+            "url": "http://a",
+            "kind": "generative",
+            "models": ["m"],
+            "healthy": True,
+            "probed": True,
+            "in_flight": 1,
+            "capacity": 1,
+            "running": 1,
+            "waiting": 2,
+            "paused_interactive": 0,
+        },
+        {
+            "name": "b",
+            "url": "http://b",
+            "kind": "generative",
+            "models": ["m", "n"],
+            "healthy": False,
+            "probed": True,
+            "in_flight": 0,
+            "capacity": None,
+            "running": None,
+            "waiting": None,
+            "paused_interactive": 0,
+        },
+    ]
+
+
+def test_held_turns_by_class_and_caller_with_the_oldest_wait():
+    held = status_document(_busy_pool().state, now=5.0)["held"]
+    assert held == {
+        "count": 2,
+        "oldest_wait_s": 5.0,
+        "by_class": {
+            "interactive": {"count": 1, "oldest_wait_s": 1.0},
+            "batch": {"count": 1, "oldest_wait_s": 5.0},
+        },
+        "by_caller": {
+            "alice": {"count": 1, "oldest_wait_s": 5.0},
+            "bob": {"count": 1, "oldest_wait_s": 1.0},
+        },
+    }
+
+
+def test_runs_by_phase_and_class():
+    pool = _busy_pool()
+    pool.complete("t1", tool_calls=True)  # r1 paused; t3 (interactive) goes first
+    runs = status_document(pool.state, now=pool.now)["runs"]
+    assert runs == {
+        "count": 3,
+        "by_phase": {"generating": 1, "paused": 1, "idle": 1},
+        "by_class": {
+            "interactive": {"generating": 1, "paused": 1, "idle": 0},
+            "batch": {"generating": 0, "paused": 0, "idle": 1},
+        },
+    }
+
+
+def test_one_run():
+    pool = _busy_pool()
+    assert run_document(pool.state, "r1", now=7.5) == {
+        "run_id": "r1",
+        "replica": "a",
+        "phase": "generating",
+        "class": "interactive",
+        "caller": "alice",
+        "idle_s": 7.5,
+    }
+    assert run_document(pool.state, "nope", now=7.5) is None
+
+
+async def test_the_app_serves_the_document_a_run_a_404_and_the_page():
+    pool = _busy_pool()
+    app = build_app(lambda: pool.state, lambda: 5.0)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://status") as client:
+        status = await client.get("/status")
+        assert status.status_code == 200
+        assert status.json()["held"]["count"] == 2
+        run = await client.get("/status/runs/r3")
+        assert run.json()["phase"] == "idle"
+        missing = await client.get("/status/runs/nope")
+        assert missing.status_code == 404
+        assert "nope" in missing.json()["error"]["message"]
+        assert (await client.get("/elsewhere")).json() == {"error": {"message": "Not Found"}}
+        page = await client.get("/")
+        assert page.headers["content-type"].startswith("text/html")
+        assert "setInterval(refresh, 2000)" in page.text
