@@ -1,0 +1,154 @@
+"""The run journal: `runs.jsonl`, the only state the runtime keeps between restarts.
+
+One JSON object per line, appended, never rewritten. Each record is written, flushed and fsynced
+before the step it records is acknowledged (spawn returns its handle, a tool round's results go
+to the model, cancel returns), so a crash loses at most the step in progress. Every record has
+`v` (format version, 1), `type`, `run` (the run's handle) and `at` (Unix time, seconds):
+
+    {"v":1,"type":"spawned","run":H,"at":T,"spec":{...},"caller":C}
+        `spec` holds every spawn argument by its tool name (task, model, serviceClass, system,
+        maxToolCalls, tools, maxTokens), with defaults filled in; `caller` is the identity sent
+        to the dataplane as x-luftpause-caller (null: none).
+    {"v":1,"type":"round","run":H,"at":T,"messages":[...],"toolCalls":N,"failedToolCalls":N,
+     "turns":N,"promptTokens":N,"completionTokens":N}
+        One complete tool round: the OpenAI chat messages it appended to the conversation, the
+        assistant message with its tool_calls followed by one role "tool" message per call.
+        The counters are the run's totals after this round, not increments.
+    {"v":1,"type":"finished","run":H,"at":T,"status":S,"result":R,"error":E,
+     "toolCalls":N,"failedToolCalls":N,"turns":N,"promptTokens":N,"completionTokens":N}
+        The run ended: status is finished, failed or cancelled; result is the final answer
+        (or null), error says why it failed (or null); the counters are final totals.
+
+A run's conversation is its spawned record's system and task messages followed by the messages
+of its rounds in order, which is what replay hands back to resume an unfinished run.
+
+Readers skip a line that is not a JSON object, with a warning: after a crash the last line may be
+torn. Unknown record types and unknown keys are ignored, so later versions can add both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+FILE_NAME = "runs.jsonl"
+
+COUNTERS = ("toolCalls", "failedToolCalls", "turns", "promptTokens", "completionTokens")
+
+
+@dataclass
+class ReplayedRun:
+    """What the journal knows about one run: enough to answer for it or to resume it."""
+
+    handle: str
+    spec: dict[str, Any]
+    caller: str | None
+    spawned_at: float
+    rounds: list[list[dict[str, Any]]] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    finished: dict[str, Any] | None = None
+
+
+class Journal:
+    """Appends records to `<state_dir>/runs.jsonl` durably, and replays them."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(state_dir) / FILE_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._terminate_torn_tail()
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _terminate_torn_tail(self) -> None:
+        # A crash mid-write leaves a last line without its newline; the next record must start on
+        # a line of its own or it would be torn too. The fragment stays for anyone inspecting the
+        # file and is skipped on every replay.
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open("rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def append(self, record_type: str, run: str, **fields: Any) -> dict[str, Any]:
+        """Writes one record and returns only once it is on disk."""
+        record = {"v": FORMAT_VERSION, "type": record_type, "run": run, "at": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        return record
+
+    def spawned(self, run: str, spec: dict[str, Any], caller: str | None) -> None:
+        self.append("spawned", run, spec=spec, caller=caller)
+
+    def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, int]) -> None:
+        self.append("round", run, messages=messages, **counters)
+
+    def finished(
+        self, run: str, status: str, result: str | None, error: str | None, counters: dict[str, int]
+    ) -> None:
+        self.append("finished", run, status=status, result=result, error=error, **counters)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def replay(self) -> list[ReplayedRun]:
+        """Every run the journal knows, in spawn order."""
+        return replay_file(self.path)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The file's records in order; lines that are not JSON objects are skipped with a warning."""
+    if not path.exists():
+        return []
+    records = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if not isinstance(record, dict):
+                log.warning("%s line %d is not a complete JSON record (torn write?); skipped", path, number)
+                continue
+            records.append(record)
+    return records
+
+
+def replay_file(path: Path) -> list[ReplayedRun]:
+    """Folds the records of `path` into one `ReplayedRun` per spawned run."""
+    runs: dict[str, ReplayedRun] = {}
+    for record in read_records(path):
+        kind, handle = record.get("type"), record.get("run")
+        if not isinstance(handle, str):
+            continue
+        if kind == "spawned":
+            runs[handle] = ReplayedRun(
+                handle=handle,
+                spec=dict(record.get("spec") or {}),
+                caller=record.get("caller"),
+                spawned_at=float(record.get("at") or 0.0),
+            )
+            continue
+        run = runs.get(handle)
+        if run is None:
+            log.warning("%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
+            continue
+        if kind == "round" and run.finished is None:
+            run.rounds.append(list(record.get("messages") or []))
+            run.counters.update({k: int(record[k]) for k in COUNTERS if k in record})
+        elif kind == "finished" and run.finished is None:
+            run.finished = record
+            run.counters.update({k: int(record[k]) for k in COUNTERS if k in record})
+    return list(runs.values())

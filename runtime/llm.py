@@ -1,0 +1,125 @@
+"""The runtime's client of the dataplane: one chat-completion turn at a time, and run ends.
+
+Turns go to `<dataplane>/v1/chat/completions`, not streamed, with the run's identity in the
+luftpause headers so that the scheduler sees every sub-agent turn as a turn of its run. A 429
+(a hosted API's rate limit, passed through) is retried after its Retry-After, else after 1 s,
+for as long as the run lives; any other failure ends the turn with `TurnFailed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import time
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+# Longest a single turn may take, queue wait included (the OpenAI and Anthropic clients' default).
+TURN_TIMEOUT_S = 600.0
+# Wait before retrying a 429 that names no Retry-After.
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+class TurnFailed(Exception):
+    """A turn got no usable reply; the message says what the dataplane or engine answered."""
+
+
+class Dataplane:
+    """HTTP client for the dataplane's OpenAI-compatible API."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = TURN_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport)
+
+    async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """Sends one turn and returns the parsed completion; retries 429s, raises `TurnFailed`."""
+        url = f"{self.base_url}/v1/chat/completions"
+        while True:
+            try:
+                response = await self._http.post(url, json=body, headers=headers)
+            except httpx.TimeoutException:
+                raise TurnFailed(
+                    f"the dataplane gave no reply within {self._http.timeout.read:.0f} s"
+                ) from None
+            except httpx.HTTPError as e:
+                raise TurnFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
+            if response.status_code == 429:
+                delay = retry_after_s(response.headers.get("retry-after"))
+                log.info(
+                    "run %s: 429 from the dataplane, retrying in %.1f s",
+                    headers.get("x-luftpause-run-id"),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            if response.status_code >= 400:
+                raise TurnFailed(f"the dataplane answered {response.status_code}: {error_message(response)}")
+            try:
+                reply = response.json()
+            except ValueError:
+                raise TurnFailed(
+                    f"the dataplane answered {response.status_code} with a body that is not JSON"
+                ) from None
+            if not isinstance(reply, dict) or not reply.get("choices"):
+                raise TurnFailed("the dataplane's reply has no choices")
+            return reply
+
+    async def end_run(self, handle: str) -> None:
+        """Tells the dataplane the run is over, so the scheduler forgets it now; failures are logged."""
+        try:
+            response = await self._http.delete(f"{self.base_url}/v1/runs/{handle}", timeout=10.0)
+            if response.status_code >= 400 and response.status_code != 404:
+                log.warning(
+                    "run %s: ending it at the dataplane got %d: %s",
+                    handle,
+                    response.status_code,
+                    error_message(response),
+                )
+        except httpx.HTTPError as e:
+            log.warning("run %s: could not tell the dataplane it ended: %s", handle, e)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def retry_after_s(value: str | None) -> float:
+    """Seconds to wait for a Retry-After header (delta-seconds or an HTTP date)."""
+    if value:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            when = None
+        if when is not None:
+            return max(0.0, when.timestamp() - time.time())
+    return DEFAULT_RETRY_AFTER_S
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an {"error": {"message": ...}} body, else the start of the raw body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("detail"):
+            return str(body["detail"])
+    text = response.text.strip()
+    return text[:500] if text else response.reason_phrase

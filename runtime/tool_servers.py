@@ -1,0 +1,261 @@
+"""The upstream MCP tool servers whose tools sub-agents call.
+
+One `mcp.Client` per configured server, over streamable HTTP, held open by a task of its own
+(the SDK's client must be entered and left in the same task) and shared by every run. At startup
+a background task per server connects and lists its tools, trying again every `RETRY_S` while the
+server is not up, so the runtime may start before its tool servers; the list is kept from then on.
+A transport failure during a call drops the connection and the next call reconnects; the call
+that hit it fails, and the model is told so.
+
+Servers configured with `command` (stdio) are not started yet: they are reported as unavailable.
+
+Tool names are global across servers: the first configured server offering a name wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from luftpause.config import McpServer
+
+log = logging.getLogger(__name__)
+
+# How often an unreachable server is tried again.
+RETRY_S = 1.0
+# How long after startup runs wait for tool servers that are not listed yet (they may be starting
+# alongside the runtime); later, a run starts at once with the tools that are listed.
+STARTUP_GRACE_S = 15.0
+
+
+class ToolServerUnavailable(Exception):
+    """A tool server could not be reached or listed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class UpstreamTool:
+    """One tool as a sub-agent sees it, and the server that runs it."""
+
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        """The tool in OpenAI's function-calling format."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.input_schema},
+        }
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    text: str
+    is_error: bool
+
+
+class ToolServer:
+    """One upstream server: its connection and its tool list."""
+
+    def __init__(self, spec: McpServer) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.tools: list[UpstreamTool] | None = None
+        # Why the tools are not listed yet; None while the first attempt is under way.
+        self.problem: str | None = None
+        self.ready = asyncio.Event()
+        self._client: Client | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._release: asyncio.Event | None = None
+        self._lock = asyncio.Lock()
+
+    async def keep_listing(self) -> None:
+        """Connects and lists the tools, trying again every `RETRY_S` until it succeeds."""
+        if self.spec.url is None:
+            self.problem = f"tool server {self.name}: stdio servers (command) are not supported yet"
+            log.warning("%s; its tools are not offered", self.problem)
+            return
+        failures = 0
+        while True:
+            try:
+                async with self._lock:
+                    client = await self._connected()
+                listed = await _list_all(client)
+            except Exception as e:
+                await self._disconnect()
+                self.problem = f"tool server {self.name} is unavailable: {_describe(e)}"
+                if failures % 30 == 0:
+                    log.warning("%s; trying again every %.0f s", self.problem, RETRY_S)
+                failures += 1
+                await asyncio.sleep(RETRY_S)
+                continue
+            self.tools = [
+                UpstreamTool(
+                    server=self.name,
+                    name=t.name,
+                    description=t.description or t.title or t.name,
+                    input_schema=t.input_schema or {"type": "object", "properties": {}},
+                )
+                for t in listed
+            ]
+            self.problem = None
+            self.ready.set()
+            log.info(
+                "tool server %s offers %s", self.name, ", ".join(t.name for t in self.tools) or "no tools"
+            )
+            return
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Calls one tool; a transport failure becomes an error result and drops the connection."""
+        try:
+            async with self._lock:
+                client = await self._connected()
+            result = await client.call_tool(name, arguments)
+        except MCPError as e:
+            return ToolResult(f"tool {name} failed: {e}", is_error=True)
+        except Exception as e:
+            await self._disconnect()
+            return ToolResult(f"tool server {self.name} failed during {name}: {_describe(e)}", is_error=True)
+        return ToolResult(render_result(result), is_error=bool(result.is_error))
+
+    async def _connected(self) -> Client:
+        if self._client is not None and self._holder is not None and not self._holder.done():
+            return self._client
+        assert self.spec.url is not None
+        ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        release = asyncio.Event()
+        self._release = release
+        self._holder = asyncio.create_task(self._hold(self.spec.url, ready, release), name=f"mcp:{self.name}")
+        self._client = await ready
+        return self._client
+
+    async def _hold(self, url: str, ready: asyncio.Future[Client], release: asyncio.Event) -> None:
+        try:
+            async with Client(url) as client:
+                ready.set_result(client)
+                await release.wait()
+        except asyncio.CancelledError:
+            if not ready.done():
+                ready.set_exception(ToolServerUnavailable(f"connecting to {self.name} was cancelled"))
+            raise
+        except Exception as e:
+            if not ready.done():
+                ready.set_exception(e)
+            else:
+                log.warning("tool server %s: connection closed: %s", self.name, _describe(e))
+
+    async def _disconnect(self) -> None:
+        holder, release = self._holder, self._release
+        self._client = self._holder = self._release = None
+        if release is not None:
+            release.set()
+        if holder is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(holder, timeout=5)
+
+
+async def _list_all(client: Client) -> list[mcp_types.Tool]:
+    listed: list[mcp_types.Tool] = []
+    cursor = None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        listed.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return listed
+
+
+class ToolServers:
+    """All configured tool servers, seen as one catalog of tools."""
+
+    def __init__(self, specs: Sequence[McpServer]) -> None:
+        self.servers = [ToolServer(s) for s in specs]
+        self._listers: list[asyncio.Task[None]] = []
+        self._started = time.monotonic()
+
+    def start(self) -> None:
+        """Starts connecting to every server in the background."""
+        self._started = time.monotonic()
+        self._listers = [asyncio.create_task(s.keep_listing(), name=f"list:{s.name}") for s in self.servers]
+
+    def catalog(self) -> tuple[dict[str, UpstreamTool], list[str]]:
+        """Every listed tool by name, and why each server not listed yet is not."""
+        tools: dict[str, UpstreamTool] = {}
+        unavailable: list[str] = []
+        for server in self.servers:
+            if server.tools is None:
+                unavailable.append(server.problem or f"tool server {server.name} is still being connected to")
+                continue
+            for tool in server.tools:
+                if tool.name in tools:
+                    log.debug(
+                        "tool %s of %s is hidden by the one of %s",
+                        tool.name,
+                        server.name,
+                        tools[tool.name].server,
+                    )
+                    continue
+                tools[tool.name] = tool
+        return tools, unavailable
+
+    async def settled(self) -> None:
+        """Waits for unlisted servers while the runtime is young (`STARTUP_GRACE_S`), so that a run
+        resumed or spawned right at startup does not miss the tools of a server still starting."""
+        remaining = STARTUP_GRACE_S - (time.monotonic() - self._started)
+        if remaining > 0:
+            await self.listed(remaining)
+
+    async def listed(self, timeout_s: float) -> None:
+        """Waits (at most `timeout_s`) until every server that can be listed has been."""
+        pending = [s.ready.wait() for s in self.servers if s.spec.url is not None and not s.ready.is_set()]
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*pending), timeout_s)
+
+    async def call(self, tool: UpstreamTool, arguments: dict[str, Any]) -> ToolResult:
+        server = next(s for s in self.servers if s.name == tool.server)
+        return await server.call(tool.name, arguments)
+
+    async def close(self) -> None:
+        for t in self._listers:
+            t.cancel()
+        await asyncio.gather(*self._listers, return_exceptions=True)
+        await asyncio.gather(*(s._disconnect() for s in self.servers), return_exceptions=True)
+
+
+def render_result(result: mcp_types.CallToolResult) -> str:
+    """A tool result as the text of a role "tool" message."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, mcp_types.EmbeddedResource) and isinstance(
+            block.resource, mcp_types.TextResourceContents
+        ):
+            parts.append(block.resource.text)
+        elif isinstance(block, mcp_types.ResourceLink):
+            parts.append(f"[resource {block.uri}]")
+        else:
+            parts.append(f"[{block.type} content omitted]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+def _describe(e: BaseException) -> str:
+    # The SDK and anyio wrap transport errors in exception groups; the first leaf says the most.
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    text = str(e) or type(e).__name__
+    return f"{type(e).__name__}: {text}" if str(e) else text
