@@ -168,7 +168,6 @@ def timing_from_env(spec: str) -> EngineTiming:
         try:
             overrides[key] = kind(value.strip())
         except ValueError:
-            raise ValueError(
-                f"bad engine timing override '{item}': {key} must be a {kind.__name__}"
-            ) from None
+            what = "a whole number" if kind is int else "a number"
+            raise ValueError(f"bad engine timing override '{item}': {key} must be {what}") from None
     return replace(defaults, **overrides)
