@@ -1,0 +1,145 @@
+"""Runs: waiting on them (all, any, timeout), cancelling them, and restoring them from the journal.
+
+The sub-agent loop is replaced by a driver the test controls, so each case is exact and instant.
+"""
+
+import asyncio
+
+import pytest
+
+from luftpause.runtime.journal import Journal, read_records
+from luftpause.runtime.runs import Run, Runs, RunSpec, UnknownRun
+
+
+class Script:
+    """A driver whose runs finish when the test says so, and that records what it was given."""
+
+    def __init__(self) -> None:
+        self.release: dict[str, asyncio.Event] = {}
+        self.started: list[tuple[str, list[dict]]] = []
+        self.ended: list[str] = []
+
+    async def drive(self, runs: Runs, run: Run) -> None:
+        self.started.append((run.handle, list(run.messages)))
+        gate = self.release.setdefault(run.handle, asyncio.Event())
+        await gate.wait()
+        runs.finish(run, "finished", result=f"answer to {run.spec.task}")
+
+    async def on_end(self, handle: str) -> None:
+        self.ended.append(handle)
+
+    def finish(self, handle: str) -> None:
+        self.release.setdefault(handle, asyncio.Event()).set()
+
+
+async def until(predicate, timeout_s: float = 5.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def spec(task: str = "t", **kw) -> RunSpec:
+    return RunSpec(task=task, model="m", **kw)
+
+
+@pytest.fixture
+def script():
+    return Script()
+
+
+@pytest.fixture
+def runs(tmp_path, script):
+    registry = Runs(Journal(tmp_path), script.drive, script.on_end)
+    yield registry
+    registry.journal.close()
+
+
+async def test_await_all_returns_when_every_run_has_ended(runs, script):
+    a, b = runs.spawn(spec("a"), None), runs.spawn(spec("b"), None)
+    waiter = asyncio.create_task(runs.wait([a.handle, b.handle], "all", 10))
+    script.finish(a.handle)
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    script.finish(b.handle)
+    result, timed_out = await asyncio.wait_for(waiter, 5)
+    assert [r.status for r in result] == ["finished", "finished"] and not timed_out
+    assert result[0].result == "answer to a"
+
+
+async def test_await_any_returns_when_the_first_run_ends(runs, script):
+    a, b = runs.spawn(spec("a"), None), runs.spawn(spec("b"), None)
+    waiter = asyncio.create_task(runs.wait([a.handle, b.handle], "any", 10))
+    script.finish(b.handle)
+    result, timed_out = await asyncio.wait_for(waiter, 5)
+    assert [r.status for r in result] == ["running", "finished"] and not timed_out
+
+
+async def test_await_times_out_with_the_runs_still_running(runs):
+    a = runs.spawn(spec("a"), None)
+    result, timed_out = await runs.wait([a.handle], "all", 0.05)
+    assert timed_out and result[0].status == "running"
+
+
+async def test_await_of_an_unknown_handle_is_an_error(runs):
+    a = runs.spawn(spec("a"), None)
+    with pytest.raises(UnknownRun, match="unknown run handle 'nope'"):
+        await runs.wait([a.handle, "nope"], "all", 1)
+
+
+async def test_cancel_ends_a_running_run_and_journals_it(runs, script, tmp_path):
+    a = runs.spawn(spec("a"), None)
+    await asyncio.sleep(0)
+    cancelled = await runs.cancel(a.handle)
+    assert cancelled.status == "cancelled" and a.task.cancelled()
+    await until(lambda: script.ended)
+    assert script.ended == [a.handle]
+    ends = [r for r in read_records(tmp_path / "runs.jsonl") if r["type"] == "finished"]
+    assert [(r["run"], r["status"]) for r in ends] == [(a.handle, "cancelled")]
+    # A run that has ended stays as it ended.
+    assert (await runs.cancel(a.handle)).status == "cancelled"
+
+
+async def test_shutdown_stops_loops_without_ending_their_runs(runs, tmp_path):
+    a = runs.spawn(spec("a"), None)
+    await asyncio.sleep(0)
+    await runs.shutdown()
+    assert a.task.cancelled() and a.status == "running"
+    assert [r["type"] for r in read_records(tmp_path / "runs.jsonl")] == ["spawned"]
+
+
+async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_last_round(tmp_path):
+    first = Script()
+    before = Runs(Journal(tmp_path), first.drive, first.on_end)
+    done = before.spawn(spec("done", system="be brief"), "caller-1")
+    open_run = before.spawn(spec("open"), "caller-2")
+    first.finish(done.handle)
+    await before.wait([done.handle], "all", 5)
+    open_run.counters.update(toolCalls=1, turns=1)
+    round_messages = [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    before.record_round(open_run, round_messages)
+    await before.shutdown()
+    before.journal.close()
+
+    second = Script()
+    after = Runs(Journal(tmp_path), second.drive, second.on_end)
+    after.restore()
+    restored_done = after.get(done.handle)
+    assert (restored_done.status, restored_done.result) == ("finished", "answer to done")
+    result, timed_out = await after.wait([done.handle], "all", 0)
+    assert not timed_out and result[0].result == "answer to done"
+
+    await asyncio.sleep(0)
+    assert [h for h, _ in second.started] == [open_run.handle]
+    resumed_messages = second.started[0][1]
+    assert resumed_messages == [{"role": "user", "content": "open"}, *round_messages]
+    resumed = after.get(open_run.handle)
+    assert resumed.caller == "caller-2" and resumed.counters["toolCalls"] == 1 and resumed.running
+    second.finish(open_run.handle)
+    result, _ = await after.wait([open_run.handle], "all", 5)
+    assert result[0].status == "finished"
+    await after.shutdown()
+    after.journal.close()
