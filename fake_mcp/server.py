@@ -1,0 +1,96 @@
+"""The fake MCP tool server: `lookup` and `deep_search`, which wait about a second and return filler.
+
+It stands in for the tool servers a sub-agent calls (Wikipedia, search) so that a fan-out of
+sub-agents has real tool latency to overlap. Streamable HTTP at `/mcp`, served straight (no mount,
+so `POST /mcp` answers without a redirect), both the legacy session wire and the sessionless one,
+and `GET /health` for whoever waits for it to come up. The text it returns is a deterministic
+function of the query; only the delay is random.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+LOOKUP_DELAY_S = (0.8, 1.2)
+"""A quick look-up against a remote API: about a second, give or take."""
+
+DEEP_SEARCH_DELAY_S = (1.0, 1.5)
+"""Several look-ups folded into one answer: a bit slower than `lookup`."""
+
+_SENTENCES = (
+    "Several sources describe it in similar terms.",
+    "The earliest records mention it only briefly.",
+    "Later accounts add detail but agree on the main points.",
+    "Figures vary between sources by a few percent.",
+    "It is often compared with related topics of the same period.",
+    "Recent summaries emphasise its practical side.",
+    "Some details remain disputed among specialists.",
+    "A short overview is usually enough for most purposes.",
+)
+
+# Both tools only read: a runtime that asks the user before destructive tool calls must not ask here.
+_READ_ONLY = ToolAnnotations(
+    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
+
+
+def _filler(query: str, sentences: int) -> str:
+    digest = hashlib.sha256(query.encode()).digest()
+    return " ".join(_SENTENCES[digest[i] % len(_SENTENCES)] for i in range(sentences))
+
+
+async def lookup(query: str) -> str:
+    """Look up a short fact or definition. Give a focused query (a name, a term or a question);
+    returns a few sentences of reference text about it. Takes about a second."""
+    await asyncio.sleep(random.uniform(*LOOKUP_DELAY_S))
+    return f"Lookup result for '{query}': {_filler(query, 2)}"
+
+
+async def deep_search(query: str) -> str:
+    """Search several sources in depth and return a longer summary of what they say about the
+    query. Slower than lookup (one to one and a half seconds); use it when a short fact is not
+    enough."""
+    await asyncio.sleep(random.uniform(*DEEP_SEARCH_DELAY_S))
+    return f"Deep search summary for '{query}': {_filler(query + '#deep', 5)}"
+
+
+def create_server() -> MCPServer:
+    server = MCPServer(
+        name="fake-mcp",
+        instructions="Fake tools for testing luftpause: lookup for a quick fact, deep_search for a longer summary.",
+        version="0.1.0",
+        log_level="WARNING",
+    )
+    for fn in (lookup, deep_search):
+        server.add_tool(fn, annotations=_READ_ONLY, structured_output=False)
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return server
+
+
+def create_app(host: str = "127.0.0.1") -> Starlette:
+    """The ASGI app; `host` decides whether DNS-rebinding protection is on (it is on loopback)."""
+    return create_server().streamable_http_app(streamable_http_path="/mcp", host=host)
+
+
+def serve(host: str, port: int) -> None:
+    """Runs the fake MCP server until SIGTERM or SIGINT."""
+    app = create_app(host)
+    log.info("fake MCP server on http://%s:%d/mcp (tools: lookup, deep_search)", host, port)
+    # Legacy sessions keep a GET stream open; a short grace period stops shutdown waiting on it.
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=2)
