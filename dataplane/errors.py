@@ -1,0 +1,67 @@
+"""The failures the dataplane answers itself, and the one error body clients see for them.
+
+Every error the dataplane makes is `{"error": {"message": "..."}}` with a status that says whose
+fault it is. An engine's own error response is not one of these: it goes to the client
+unchanged, status, body and Retry-After included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.responses import JSONResponse
+
+
+class TurnRefused(Exception):
+    """A turn the dataplane answers with an error of its own instead of an engine's reply."""
+
+    status_code: int = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadTurnRequest(TurnRefused):
+    """The request cannot be a turn: its body or one of our headers is malformed."""
+
+    status_code = 400
+
+
+class UnknownModel(TurnRefused):
+    """No replica of the pool serves the requested model; retrying gets the same answer."""
+
+    status_code = 404
+
+
+class EngineUnreachable(TurnRefused):
+    """The placed turn's engine could not be reached, or broke off before answering."""
+
+    status_code = 502
+
+    def __init__(self, replica: str, error: BaseException) -> None:
+        super().__init__(f"engine {replica}: {describe(error)}")
+
+
+class SchedulerFailed(TurnRefused):
+    """The scheduler answered the admission with an error other than being unreachable."""
+
+    status_code = 503
+
+
+def describe(error: BaseException) -> str:
+    """A one-line account of an exception; some transport errors carry no text of their own."""
+    text = str(error).strip()
+    return text if text else type(error).__name__
+
+
+def error_body(message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"message": message}}
+
+
+def error_response(status_code: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message), status_code=status_code, headers=dict(headers or {}))
+
+
+def refusal_response(refusal: TurnRefused, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return error_response(refusal.status_code, refusal.message, headers)

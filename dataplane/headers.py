@@ -1,0 +1,58 @@
+"""The luftpause request and response headers, and the rules for reading the request ones.
+
+In:  `x-luftpause-run-id` (the run), `x-luftpause-class` (interactive, the default, or batch),
+     `x-luftpause-caller` (who is asking, for fairness; cut at 128 bytes, absent = the shared
+     anonymous caller "").
+Out: `x-luftpause-run-id` on every response but the scheduler-unreachable case (where the client
+     gets no response at all while the turn is held), `x-luftpause-replica` once a turn is placed.
+"""
+
+from __future__ import annotations
+
+from luftpause.dataplane.errors import BadTurnRequest
+from luftpause.proto import pb
+
+RUN_ID = "x-luftpause-run-id"
+SERVICE_CLASS = "x-luftpause-class"
+CALLER = "x-luftpause-caller"
+REPLICA = "x-luftpause-replica"
+TRACEPARENT = "traceparent"
+
+CALLER_MAX_BYTES = 128
+ANONYMOUS_CALLER = ""
+
+_CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
+
+
+def service_class(value: str | None) -> pb.ServiceClass:
+    """The turn's service class; an absent header means interactive, an unknown value is a 400."""
+    if value is None:
+        return pb.INTERACTIVE
+    try:
+        return _CLASSES[value.strip()]
+    except KeyError:
+        allowed = " or ".join(repr(name) for name in _CLASSES)
+        raise BadTurnRequest(f"{SERVICE_CLASS} must be {allowed}, not {value!r}") from None
+
+
+def class_name(value: pb.ServiceClass) -> str:
+    return "batch" if value == pb.BATCH else "interactive"
+
+
+def caller(value: str | None) -> str:
+    """The caller, cut to at most 128 bytes of UTF-8 without splitting a character.
+
+    HTTP servers hand header values over decoded as latin-1, byte for byte; encoding back to
+    latin-1 recovers the bytes the client sent, which are read as UTF-8.
+    """
+    if value is None:
+        return ANONYMOUS_CALLER
+    raw = value.encode("latin-1", errors="replace")
+    if len(raw) > CALLER_MAX_BYTES:
+        end = CALLER_MAX_BYTES
+        # A continuation byte (0b10xxxxxx) right after the cut means a character straddles it:
+        # back off to where that character starts and leave it out whole.
+        while end > 0 and raw[end] & 0xC0 == 0x80:
+            end -= 1
+        raw = raw[:end]
+    return raw.decode("utf-8", errors="replace")

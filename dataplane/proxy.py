@@ -1,0 +1,391 @@
+"""One turn through the dataplane, top to bottom: resolve the run, admit, forward, observe, report.
+
+`Proxy` is the ASGI endpoint behind `POST /v1/chat/completions`. For each request it
+
+1. resolves the run (run header, else echoed tool_call_ids, else a new run) and reads the class
+   and caller headers;
+2. asks the scheduler to admit the turn, holding the request while it waits; a client that
+   leaves meanwhile abandons the turn and no engine request is made;
+3. forwards the body bytes unchanged to the placed replica with one shared HTTP client;
+4. passes the engine's reply back unchanged (a stream chunk by chunk, as it comes), reading it
+   on the side for first token, usage, finish reason and tool-call ids;
+5. reports to the scheduler what happened: started, first token, completed or failed.
+
+It is a plain ASGI callable rather than a FastAPI endpoint because a turn needs the connection
+itself: it watches for the client leaving at every stage, and a reply that breaks off mid-stream
+must reach the client as a connection closed before the end, not as a finished response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from luftpause import config as lp_config
+from luftpause.dataplane import headers
+from luftpause.dataplane.errors import BadTurnRequest, EngineUnreachable, TurnRefused, refusal_response
+from luftpause.dataplane.run_identity import PRUNE_PERIOD_S, ToolCallMemory, resolve_run_id
+from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.dataplane.scheduler_client import SchedulerClient
+from luftpause.dataplane.sse import ReplyObservation, StreamObserver, observe_completion
+from luftpause.proto import pb
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ENGINE_CONNECT_TIMEOUT_S = 2.0
+# Engine response headers the client gets along with the engine's status and body.
+_PASSED_HEADERS = ("content-type", "cache-control", "retry-after")
+
+
+class ClientLeft(Exception):
+    """The client disconnected before its turn was answered."""
+
+
+@dataclass(slots=True)
+class Turn:
+    id: str
+    run_id: str
+    service_class: pb.ServiceClass
+    caller: str
+    model: str
+    traceparent: str
+    replica: str = ""
+
+
+class Proxy:
+    """The per-turn path, and what it shares across turns: scheduler link, HTTP client, memories."""
+
+    def __init__(self, config: lp_config.Config) -> None:
+        self.config = config
+        self.memory = ToolCallMemory()
+        self.runs = RunBook()
+        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs)
+        self._http: httpx.AsyncClient | None = None
+        self._pruner: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        self._http = httpx.AsyncClient(
+            # No read timeout: a turn takes as long as the engine needs; queueing is the scheduler's.
+            timeout=httpx.Timeout(None, connect=ENGINE_CONNECT_TIMEOUT_S),
+            # Admission already bounds what goes to each engine; a pool limit here would only add a queue.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        await self.scheduler.start()
+        self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")
+
+    async def close(self) -> None:
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
+        await self.scheduler.close()
+        if self._http is not None:
+            await self._http.aclose()
+
+    def end_run(self, run_id: str) -> None:
+        """The agent says the run is over: the scheduler forgets it now rather than in 30 minutes."""
+        self.memory.forget_run(run_id)
+        self.scheduler.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            body = await request.body()
+        except ClientDisconnect:
+            return
+        payload, problem = _read_turn_body(body)
+
+        # 1. Resolve the run and read the class and caller.
+        run_id = resolve_run_id(request.headers.get(headers.RUN_ID), payload.get("messages"), self.memory)
+        answer = _Answer(scope, receive, send, {headers.RUN_ID: run_id})
+        try:
+            if problem:
+                raise BadTurnRequest(problem)
+            service_class = headers.service_class(request.headers.get(headers.SERVICE_CLASS))
+        except TurnRefused as refusal:
+            await answer.refuse(refusal)
+            return
+        turn = Turn(
+            id=uuid.uuid4().hex,
+            run_id=run_id,
+            service_class=service_class,
+            caller=headers.caller(request.headers.get(headers.CALLER)),
+            model=payload["model"],
+            traceparent=request.headers.get(headers.TRACEPARENT, ""),
+        )
+        client_left = asyncio.ensure_future(_client_disconnect(receive))
+        try:
+            await self._run_turn(turn, body, answer, client_left)
+        finally:
+            client_left.cancel()
+
+    async def _run_turn(
+        self, turn: Turn, body: bytes, answer: _Answer, client_left: asyncio.Future[None]
+    ) -> None:
+        # 2. Admit: held until the scheduler places the turn, refuses it, or the client leaves.
+        try:
+            placement = await self.scheduler.admit(
+                pb.AdmitRequest(
+                    turn_id=turn.id,
+                    run_id=turn.run_id,
+                    service_class=turn.service_class,
+                    caller=turn.caller,
+                    model=turn.model,
+                    kind=pb.GENERATIVE,
+                    traceparent=turn.traceparent,
+                ),
+                abandoned=client_left,
+            )
+        except TurnRefused as refusal:
+            await answer.refuse(refusal)
+            return
+        if placement is None:
+            log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
+            return
+        turn.replica = placement.replica
+        answer.headers[headers.REPLICA] = placement.replica
+        self.scheduler.placed(
+            PlacedTurn(turn.id, turn.run_id, turn.replica, turn.service_class, turn.caller, turn.model)
+        )
+        if client_left.done():
+            # Placed at the moment the client left: the slot must be freed, not left to expire.
+            self._failed(turn, "the client left as the turn was placed")
+            return
+
+        # 3. Forward the body, unchanged, to the placed replica.
+        engine_request = self._engine_request(turn, placement, body)
+        self._report(turn, started=pb.TurnStarted())
+        try:
+            upstream = await _unless_client_leaves(
+                self._client.send(engine_request, stream=True), client_left
+            )
+        except ClientLeft:
+            self._failed(turn, "the client left before the engine answered")
+            return
+        except httpx.HTTPError as e:
+            refusal = EngineUnreachable(turn.replica, e)
+            self._failed(turn, refusal.message)
+            await answer.refuse(refusal)
+            return
+
+        # 4. Pass the reply through, observing it on the side; 5. report how the turn ended.
+        try:
+            if upstream.status_code >= 400:
+                await self._pass_engine_error(turn, upstream, answer, client_left)
+            elif upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                await self._relay_stream(turn, upstream, answer, client_left)
+            else:
+                await self._pass_whole_reply(turn, upstream, answer, client_left)
+        finally:
+            await upstream.aclose()
+
+    async def _pass_engine_error(
+        self, turn: Turn, upstream: httpx.Response, answer: _Answer, client_left: asyncio.Future[None]
+    ) -> None:
+        """The engine refused (429, 5xx, 4xx): its status, body and Retry-After go back unchanged."""
+        try:
+            content = await _unless_client_leaves(upstream.aread(), client_left)
+        except ClientLeft:
+            self._failed(turn, f"engine answered {upstream.status_code}; the client left")
+            return
+        except httpx.HTTPError as e:
+            refusal = EngineUnreachable(turn.replica, e)
+            self._failed(turn, refusal.message)
+            await answer.refuse(refusal)
+            return
+        self._failed(
+            turn, f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}"
+        )
+        await answer.respond(content, upstream)
+
+    async def _pass_whole_reply(
+        self, turn: Turn, upstream: httpx.Response, answer: _Answer, client_left: asyncio.Future[None]
+    ) -> None:
+        try:
+            content = await _unless_client_leaves(upstream.aread(), client_left)
+        except ClientLeft:
+            self._failed(turn, "the client left before the reply was complete")
+            return
+        except httpx.HTTPError as e:
+            refusal = EngineUnreachable(turn.replica, e)
+            self._failed(turn, refusal.message)
+            await answer.refuse(refusal)
+            return
+        observation = observe_completion(content)
+        if observation.first_token:
+            self._report(turn, first_token=pb.FirstToken())
+        self._ended(turn, observation)
+        await answer.respond(content, upstream)
+
+    async def _relay_stream(
+        self, turn: Turn, upstream: httpx.Response, answer: _Answer, client_left: asyncio.Future[None]
+    ) -> None:
+        observer = StreamObserver()
+
+        async def pump() -> None:
+            async for chunk in upstream.aiter_raw():
+                if observer.feed(chunk):
+                    self._report(turn, first_token=pb.FirstToken())
+                await answer.send_chunk(chunk)
+
+        await answer.start(upstream)
+        pumping = asyncio.ensure_future(pump())
+        try:
+            await asyncio.wait({pumping, client_left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not pumping.done():
+                pumping.cancel()
+                await asyncio.wait({pumping})
+        if pumping.cancelled():
+            # Closing the engine request (on the way out of _run_turn) stops its generation.
+            self._failed(turn, "the client left mid-stream")
+            return
+        observation = observer.close()
+        error = pumping.exception()
+        if error is not None:
+            log.warning("engine %s broke off turn %s mid-stream: %r", turn.replica, turn.id, error)
+            self._failed(turn, f"engine {turn.replica}: stream broke off: {error!r}")
+            # The response is left unfinished: the connection closes without the final chunk,
+            # which is how the client learns the reply is lost.
+            return
+        if not (observation.done or observation.finish_reason):
+            self._failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
+            return
+        await answer.finish()
+        self._ended(turn, observation)
+
+    # -- reporting --
+
+    def _report(self, turn: Turn, **event: Any) -> None:
+        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.run_id, **event))
+
+    def _failed(self, turn: Turn, error: str) -> None:
+        self._report(turn, failed=pb.TurnFailed(error=error))
+
+    def _ended(self, turn: Turn, observation: ReplyObservation) -> None:
+        """Reports a reply that came back whole: completed, or failed when the engine said it failed."""
+        if observation.error:
+            self._failed(turn, f"engine {turn.replica}: {observation.error}")
+            return
+        if observation.tool_call_ids:
+            # The agent's next turn echoes these ids; that is how a run without a header is found.
+            self.memory.remember(observation.tool_call_ids, turn.run_id)
+        self._report(
+            turn,
+            completed=pb.TurnCompleted(
+                finish_reason=observation.finish_reason,
+                prompt_tokens=observation.prompt_tokens,
+                completion_tokens=observation.completion_tokens,
+                tool_call_ids=observation.tool_call_ids,
+            ),
+        )
+
+    # -- helpers --
+
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        assert self._http is not None, "open() first"
+        return self._http
+
+    def _engine_request(self, turn: Turn, placement: pb.AdmitReply, body: bytes) -> httpx.Request:
+        replica = self.config.replica(placement.replica)
+        base = placement.url or (replica.url if replica else "")
+        outgoing = {
+            "content-type": "application/json",
+            # The bytes are passed through as they come and read on the side: they must not be compressed.
+            "accept-encoding": "identity",
+        }
+        # The client's own Authorization never goes upstream; an engine gets the key configured for it.
+        api_key = replica.api_key() if replica else None
+        if api_key:
+            outgoing["authorization"] = f"Bearer {api_key}"
+        if turn.traceparent:
+            outgoing[headers.TRACEPARENT] = turn.traceparent
+        return self._client.build_request(
+            "POST", f"{base.rstrip('/')}/v1/chat/completions", content=body, headers=outgoing
+        )
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_PERIOD_S)
+            now = time.monotonic()
+            self.memory.prune(now)
+            self.runs.prune(now)
+
+
+class _Answer:
+    """The response side of one turn's connection, with the luftpause headers it carries."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, luftpause_headers: dict[str, str]) -> None:
+        self._scope, self._receive, self._send = scope, receive, send
+        self.headers: MutableMapping[str, str] = luftpause_headers
+
+    async def refuse(self, refusal: TurnRefused) -> None:
+        await refusal_response(refusal, self.headers)(self._scope, self._receive, self._send)
+
+    async def respond(self, content: bytes, upstream: httpx.Response) -> None:
+        """The engine's whole reply: its status, body and passed headers, unchanged."""
+        response = Response(content, status_code=upstream.status_code, headers=self._headers_for(upstream))
+        await response(self._scope, self._receive, self._send)
+
+    async def start(self, upstream: httpx.Response) -> None:
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self._headers_for(upstream).items()]
+        await self._send({"type": "http.response.start", "status": upstream.status_code, "headers": raw})
+
+    async def send_chunk(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def finish(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _headers_for(self, upstream: httpx.Response) -> dict[str, str]:
+        passed = {name: upstream.headers[name] for name in _PASSED_HEADERS if name in upstream.headers}
+        return {**passed, **self.headers}
+
+
+def _read_turn_body(body: bytes) -> tuple[dict[str, Any], str]:
+    """The request's JSON object and "" when it can be a turn, else {} and what is wrong with it."""
+    try:
+        payload = json.loads(body)
+    except ValueError as e:
+        return {}, f"request body must be JSON: {e}"
+    if not isinstance(payload, dict):
+        return {}, "request body must be a JSON object"
+    if not isinstance(payload.get("model"), str) or not payload["model"]:
+        return payload, 'request body must name the model as a string in "model"'
+    return payload, ""
+
+
+async def _client_disconnect(receive: Receive) -> None:
+    """Returns once the client has gone; the request body must have been read already."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(work: Awaitable[T], client_left: asyncio.Future[None]) -> T:
+    """The result of `work`, or ClientLeft (with `work` cancelled) when the client goes first."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, client_left}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+        raise ClientLeft
+    return task.result()

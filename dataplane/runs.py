@@ -1,0 +1,142 @@
+"""The dataplane's own view of runs and turns in flight, kept so a restarted scheduler can be resynced.
+
+The scheduler holds the authoritative state, but it lives in another process and may restart.
+Every event the dataplane reports to it is applied here too, so this view always says what the
+scheduler would know had it seen every event: each run's last replica, phase, class and caller,
+and each placed turn not yet finished. After any reconnect, `resync_request` is sent before the
+report stream reopens and before anything is admitted again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from luftpause.proto import pb
+
+RUN_IDLE_EXPIRY_S = 30 * 60.0
+
+
+@dataclass(slots=True)
+class RunView:
+    run_id: str
+    replica: str
+    phase: pb.RunPhase
+    service_class: pb.ServiceClass
+    caller: str
+    last_activity: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedTurn:
+    turn_id: str
+    run_id: str
+    replica: str
+    service_class: pb.ServiceClass
+    caller: str
+    model: str
+    kind: pb.ReplicaKind = pb.GENERATIVE
+
+
+class RunBook:
+    """Runs by id and placed turns by id, updated by the same events the scheduler is sent."""
+
+    def __init__(self, idle_expiry_s: float = RUN_IDLE_EXPIRY_S) -> None:
+        self._idle_expiry_s = idle_expiry_s
+        self.runs: dict[str, RunView] = {}
+        self.turns: dict[str, PlacedTurn] = {}
+        self._turn_count: dict[str, int] = {}
+
+    def placed(self, turn: PlacedTurn, now: float | None = None) -> None:
+        """The scheduler placed `turn`: its run is generating there from now on."""
+        now = time.monotonic() if now is None else now
+        if turn.turn_id not in self.turns:
+            self._turn_count[turn.run_id] = self._turn_count.get(turn.run_id, 0) + 1
+        self.turns[turn.turn_id] = turn
+        run = self.runs.get(turn.run_id)
+        if run is None:
+            self.runs[turn.run_id] = RunView(
+                turn.run_id, turn.replica, pb.GENERATING, turn.service_class, turn.caller, now
+            )
+        else:
+            run.replica, run.phase, run.last_activity = turn.replica, pb.GENERATING, now
+            run.service_class, run.caller = turn.service_class, turn.caller
+
+    def apply(self, event: pb.TurnEvent, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        kind = event.WhichOneof("event")
+        if kind == "run_ended":
+            self.forget_run(event.run_id)
+            return
+        run = self.runs.get(event.run_id)
+        if run is not None:
+            run.last_activity = now
+        if kind not in ("completed", "failed", "abandoned"):
+            return
+        self._finish(event.turn_id)
+        if run is None or self._turn_count.get(run.run_id):
+            # Another turn of the run is still generating; its own end decides the phase.
+            return
+        if kind == "completed":
+            # A reply ending in tool calls pauses the run: the agent will come back with the results.
+            paused = event.completed.finish_reason == "tool_calls" or bool(event.completed.tool_call_ids)
+            run.phase = pb.PAUSED if paused else pb.IDLE
+        else:
+            # A failed turn leaves its run idle, never paused, so a retry is admitted like any turn.
+            run.phase = pb.IDLE
+
+    def forget_run(self, run_id: str) -> None:
+        self.runs.pop(run_id, None)
+        if self._turn_count.pop(run_id, 0):
+            for turn_id in [t.turn_id for t in self.turns.values() if t.run_id == run_id]:
+                del self.turns[turn_id]
+
+    def prune(self, now: float | None = None) -> int:
+        """Forgets runs with no turn for 30 minutes, as the scheduler does; returns how many went."""
+        now = time.monotonic() if now is None else now
+        stale = [
+            r.run_id
+            for r in self.runs.values()
+            if not self._turn_count.get(r.run_id) and now - r.last_activity > self._idle_expiry_s
+        ]
+        for run_id in stale:
+            del self.runs[run_id]
+        return len(stale)
+
+    def resync_request(self, now: float | None = None) -> pb.ResyncRequest:
+        now = time.monotonic() if now is None else now
+        self.prune(now)
+        return pb.ResyncRequest(
+            runs=[
+                pb.RunState(
+                    run_id=r.run_id,
+                    replica=r.replica,
+                    phase=r.phase,
+                    service_class=r.service_class,
+                    caller=r.caller,
+                    idle_s=max(0.0, now - r.last_activity),
+                )
+                for r in self.runs.values()
+            ],
+            turns=[
+                pb.InFlightTurn(
+                    turn_id=t.turn_id,
+                    run_id=t.run_id,
+                    replica=t.replica,
+                    service_class=t.service_class,
+                    caller=t.caller,
+                    model=t.model,
+                    kind=t.kind,
+                )
+                for t in self.turns.values()
+            ],
+        )
+
+    def _finish(self, turn_id: str) -> None:
+        turn = self.turns.pop(turn_id, None)
+        if turn is not None:
+            left = self._turn_count[turn.run_id] - 1
+            if left:
+                self._turn_count[turn.run_id] = left
+            else:
+                del self._turn_count[turn.run_id]
