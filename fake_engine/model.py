@@ -49,6 +49,7 @@ class EngineLoad:
 
     running: int
     waiting: int
+    used_tokens: int
     token_usage: float
     cache_hit_rate: float
     prompt_tokens_total: int
@@ -112,6 +113,7 @@ class Engine:
         return EngineLoad(
             running=len(self._running),
             waiting=sum(1 for f in self._queue if not f.done()),
+            used_tokens=used,
             token_usage=min(1.0, used / self.timing.kv_pool_tokens),
             cache_hit_rate=0.0,
             prompt_tokens_total=self._prompt_tokens_total,

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from luftpause.fake_engine.replies import Reply
 
@@ -65,6 +65,14 @@ class ChatRequest(BaseModel):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     n: int = Field(default=1, ge=1, le=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        return self
 
     @property
     def token_limit(self) -> int | None:
@@ -82,11 +90,16 @@ def parse_request(data: Any) -> ChatRequest:
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            where = ".".join(str(p) for p in err["loc"]) or "body"
-            problems.append(f"{where}: {err['msg']}")
-        raise RequestError("invalid chat completions request: " + "; ".join(problems)) from None
+        raise RequestError("invalid chat completions request: " + describe(e)) from None
+
+
+def describe(error: ValidationError) -> str:
+    """Each problem as `field.path: what is wrong`, in one line."""
+    problems = []
+    for err in error.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        problems.append(f"{where}: {err['msg']}")
+    return "; ".join(problems)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -115,7 +128,9 @@ class Envelope:
             "system_fingerprint": self.fingerprint,
         }
 
-    def completion(self, reply: Reply, prompt_tokens: int) -> dict[str, Any]:
+    def completion(
+        self, reply: Reply, prompt_tokens: int, logprobs: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
         if reply.tool_call is not None:
             message["tool_calls"] = [
@@ -128,17 +143,33 @@ class Envelope:
         return {
             **self._base("chat.completion"),
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None if logprobs is None else {"content": logprobs},
+                    "finish_reason": reply.finish_reason,
+                }
             ],
             "usage": usage(prompt_tokens, reply.completion_tokens),
         }
 
     def chunk(
-        self, delta: dict[str, Any], finish_reason: str | None = None, with_usage_field: bool = False
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        with_usage_field: bool = False,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         body = {
             **self._base("chat.completion.chunk"),
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None if logprobs is None else {"content": [logprobs]},
+                    "finish_reason": finish_reason,
+                }
+            ],
         }
         if with_usage_field:
             # OpenAI sends "usage": null on every chunk but the last when usage was asked for.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 
 import httpx
@@ -183,8 +184,70 @@ async def test_with_one_slot_a_second_request_waits_in_the_engine_queue() -> Non
             assert loop.time() < deadline, f"never saw one running and one waiting: {values}"
             await asyncio.sleep(0.01)
         assert values["sglang:token_usage"] > 0
+        assert (await c.get("/get_load")).json()[0]["num_tokens"] > 0
         replies = await asyncio.gather(*requests)
         assert [r.status_code for r in replies] == [200, 200]
         values = await metrics(c)
         assert (values["sglang:num_running_reqs"], values["sglang:num_queue_reqs"]) == (0, 0)
         assert values["sglang:generation_tokens_total"] == 64
+
+
+async def test_first_token_logprobs_offer_the_words_of_the_last_user_message(
+    client: httpx.AsyncClient,
+) -> None:
+    question = "Sort this into urgent, lookup or chat: the server returned 500 three times"
+    request = body(question, max_tokens=1, logprobs=True, top_logprobs=20)
+    first = (await client.post("/v1/chat/completions", json=request)).json()
+    again = (await client.post("/v1/chat/completions", json=request)).json()
+    (token,) = first["choices"][0]["logprobs"]["content"]
+    assert token["token"] == first["choices"][0]["message"]["content"]
+    top = token["top_logprobs"]
+    assert top[0]["token"] == token["token"]
+    assert {"urgent", "lookup", "chat"} <= {t["token"] for t in top}
+    assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+    assert sum(math.exp(t["logprob"]) for t in top) <= 1 + 1e-9
+    assert again["choices"][0]["logprobs"] == first["choices"][0]["logprobs"]
+    few = (await client.post("/v1/chat/completions", json={**request, "top_logprobs": 2})).json()
+    assert len(few["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+    plain = (await client.post("/v1/chat/completions", json=body(question))).json()
+    assert plain["choices"][0]["logprobs"] is None
+
+
+async def test_streamed_chunks_carry_the_logprobs_of_their_token(client: httpx.AsyncClient) -> None:
+    events = sse_events(
+        (
+            await client.post(
+                "/v1/chat/completions", json=body(stream=True, max_tokens=3, logprobs=True, top_logprobs=1)
+            )
+        ).text
+    )
+    tokens = [e["choices"][0] for e in events[:-1] if e["choices"][0]["delta"].get("content")]
+    assert len(tokens) == 3
+    assert all(c["logprobs"]["content"][0]["token"] == c["delta"]["content"] for c in tokens)
+
+
+async def test_classify_answers_in_vllm_shape_with_a_label_per_input(client: httpx.AsyncClient) -> None:
+    texts = ["the on-call phone is ringing", "population of Oslo"]
+    for path in ("/classify", "/v1/classify"):
+        r = await client.post(path, json={"model": "fake-llama", "input": texts})
+        assert r.status_code == 200
+        answer = r.json()
+        assert answer["object"] == "list" and answer["id"].startswith("classify-")
+        assert [d["index"] for d in answer["data"]] == [0, 1]
+        for d in answer["data"]:
+            assert d["num_classes"] == 3 and sum(d["probs"]) == pytest.approx(1.0)
+            assert d["label"] == ("urgent", "lookup", "chat")[d["probs"].index(max(d["probs"]))]
+        assert answer["usage"]["completion_tokens"] == 0 and answer["usage"]["prompt_tokens"] > 0
+    single = (await client.post("/classify", json={"model": "fake-llama", "input": texts[0]})).json()
+    assert single["data"][0]["probs"] == answer["data"][0]["probs"]
+    assert (await client.post("/classify", json={"model": "fake-llama"})).status_code == 400
+    assert (await client.post("/classify", json={"model": "other", "input": "x"})).status_code == 404
+
+
+async def test_what_the_sglang_router_asks_of_a_worker(client: httpx.AsyncClient) -> None:
+    for path in ("/server_info", "/model_info", "/get_server_info", "/get_model_info"):
+        info = (await client.get(path)).json()
+        assert info["served_model_name"] == info["model_path"] == "fake-llama"
+        assert info["max_running_requests"] == 2
+    assert (await client.get("/get_load")).json() == [{"dp_rank": 0, "num_tokens": 0}]
+    assert (await client.get("/no/such/route")).json() == {"error": {"message": "Not Found"}}
