@@ -63,6 +63,15 @@ class Agent:
     async def drive(self, runs: Runs, run: Run) -> None:
         """Runs the loop until the run has an answer or fails; cancellation is the caller's."""
         await self.tool_servers.settled()
+        missing = [name for name in run.spec.tools or [] if name not in self.allowed_tools(run)]
+        if missing:
+            _, unavailable = self.tool_servers.catalog()
+            log.warning(
+                "run %s starts without %s: %s",
+                run.handle,
+                ", ".join(missing),
+                "; ".join(unavailable) or "not listed",
+            )
         while run.running:
             tools = self.allowed_tools(run)
             offered = tools if tools and run.counters["toolCalls"] < run.spec.maxToolCalls else {}
