@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from luftpause.fake_engine.model import Engine, EngineTiming, timing_from_env
 from luftpause.fake_engine.tokens import count_tokens, prompt_tokens
@@ -97,3 +99,49 @@ def test_tokens_are_counted_from_characters() -> None:
     short = prompt_tokens([{"role": "user", "content": "x" * 40}])
     long = prompt_tokens([{"role": "user", "content": "x" * 4000}])
     assert long - short == 990
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slots=st.integers(min_value=1, max_value=3),
+    steps=st.lists(st.sampled_from(["arrive", "finish", "cancel"]), min_size=1, max_size=30),
+)
+def test_never_more_than_the_slots_run_and_admission_follows_arrival(slots: int, steps: list[str]) -> None:
+    """Whatever arrives, finishes or gives up, in any order: at most `slots` run, none waits while
+    a slot is free, and requests are admitted in arrival order, skipping those that gave up."""
+
+    async def scenario() -> None:
+        engine = Engine(slots=slots, timing=FAST)
+        admitted: list[int] = []
+        gave_up: set[int] = set()
+        tasks: dict[int, asyncio.Task] = {}
+        done: dict[int, asyncio.Event] = {}
+
+        async def request(i: int) -> None:
+            async with engine.admit(prompt_tokens=1):
+                admitted.append(i)
+                await done[i].wait()
+
+        for step in steps:
+            live = [i for i, t in tasks.items() if not t.done()]
+            if step == "arrive":
+                i = len(tasks)
+                done[i] = asyncio.Event()
+                tasks[i] = asyncio.create_task(request(i))
+            elif step == "finish" and (running := [i for i in live if i in admitted]):
+                done[running[0]].set()
+            elif step == "cancel" and (waiting := [i for i in live if i not in admitted]):
+                gave_up.add(waiting[-1])
+                tasks[waiting[-1]].cancel()
+            for _ in range(5):  # let woken tasks run
+                await asyncio.sleep(0)
+            load = engine.load()
+            assert load.running <= slots
+            assert load.waiting == 0 or load.running == slots, "a request waits while a slot is free"
+            assert load.running + load.waiting == len([t for t in tasks.values() if not t.done()])
+        for event in done.values():
+            event.set()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        assert admitted == [i for i in range(len(tasks)) if i not in gave_up]
+
+    asyncio.run(scenario())
