@@ -86,10 +86,8 @@ class RunBook:
             run.phase = pb.IDLE
 
     def forget_run(self, run_id: str) -> None:
+        # Its turns still in flight stay: they hold engine slots until they are reported done.
         self.runs.pop(run_id, None)
-        if self._turn_count.pop(run_id, 0):
-            for turn_id in [t.turn_id for t in self.turns.values() if t.run_id == run_id]:
-                del self.turns[turn_id]
 
     def prune(self, now: float | None = None) -> int:
         """Forgets runs with no turn for 30 minutes, as the scheduler does; returns how many went."""

@@ -177,8 +177,12 @@ class SchedulerClient:
             except grpc.aio.AioRpcError as e:
                 if self._synced.is_set():
                     log.warning("report stream to the scheduler broke (%s); reconnecting", e.code().name)
-                else:
+                elif e.code() in _UNREACHABLE:
                     log.debug("scheduler at %s not reachable (%s)", self._target, e.code().name)
+                else:
+                    log.warning(
+                        "scheduler at %s refused the resync: %s: %s", self._target, e.code().name, e.details()
+                    )
             except asyncio.CancelledError:
                 # Our own cancel of the call (to force a resync) lands here too; only a cancel of
                 # this task itself ends the loop.

@@ -80,12 +80,15 @@ def test_a_run_with_a_turn_in_flight_is_kept_however_long_it_takes():
     assert [r.run_id for r in book.resync_request(now=3 * 3600.0).runs] == ["run-1"]
 
 
-def test_run_ended_forgets_the_run_and_its_turns():
+def test_run_ended_forgets_the_run_but_not_its_turn_still_in_flight():
     book = RunBook()
     book.placed(_turn("t1"), now=0.0)
     book.apply(pb.TurnEvent(run_id="run-1", run_ended=pb.RunEnded()), now=1.0)
     sync = book.resync_request(now=1.0)
-    assert list(sync.runs) == [] and list(sync.turns) == []
+    assert list(sync.runs) == []
+    assert [t.turn_id for t in sync.turns] == ["t1"]
+    book.apply(_completed("t1", "stop"), now=2.0)
+    assert list(book.resync_request(now=2.0).turns) == []
 
 
 def test_a_run_stays_generating_while_another_of_its_turns_runs():
