@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,3 +144,13 @@ def test_clients_leaving_before_their_answer_free_the_slot_and_the_queue(slow_en
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(slow_engine_url + "/v1/chat/completions", json=request, timeout=1.0)
     wait_until(lambda: load(slow_engine_url) == (0, 0), timeout_s=5, what="the slot to be freed")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_engine_exits_cleanly_on_a_signal(tmp_path: Path, sig: int) -> None:
+    engine, url = start_engine(tmp_path, "fake-stop", slots=1)
+    with running(engine):
+        engine.kill(sig)
+        # uvicorn shuts down gracefully, then re-raises the signal: exit 0 or "ended by that signal",
+        # never a crash (1) or the SIGKILL that `kill` falls back to after ten seconds.
+        assert engine.proc is not None and engine.proc.returncode in (0, -sig), engine.output()[-2000:]

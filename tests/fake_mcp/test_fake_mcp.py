@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 
@@ -64,3 +65,15 @@ async def test_a_call_without_its_argument_is_an_error_result(mcp_url: str) -> N
         result = await client.call_tool("lookup", {})
         assert result.is_error
         assert "query" in "".join(c.text for c in result.content if c.type == "text")
+
+
+def test_the_server_exits_cleanly_on_sigterm(tmp_path) -> None:
+    port = free_port()
+    server = Service("fake-mcp", ["fake-mcp", "--port", str(port)], tmp_path / "fake-mcp.log").start()
+    with running(server):
+        server.wait_http(f"http://127.0.0.1:{port}/health")
+        server.stop()
+        # Graceful shutdown, then uvicorn re-raises SIGTERM; a crash or a forced kill reads otherwise.
+        assert server.proc is not None and server.proc.returncode in (0, -signal.SIGTERM), server.output()[
+            -2000:
+        ]
