@@ -49,6 +49,12 @@ class SchedulerFailed(TurnRefused):
     status_code = 503
 
 
+class DataplaneStopping(TurnRefused):
+    """The dataplane is shutting down with the turn still open; it never ran, or its reply is lost."""
+
+    status_code = 503
+
+
 def describe(error: BaseException) -> str:
     """A one-line account of an exception; some transport errors carry no text of their own."""
     text = str(error).strip()

@@ -35,7 +35,13 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause.dataplane import headers
-from luftpause.dataplane.errors import BadTurnRequest, EngineUnreachable, TurnRefused, refusal_response
+from luftpause.dataplane.errors import (
+    BadTurnRequest,
+    DataplaneStopping,
+    EngineUnreachable,
+    TurnRefused,
+    refusal_response,
+)
 from luftpause.dataplane.run_identity import PRUNE_PERIOD_S, ToolCallMemory, resolve_run_id
 from luftpause.dataplane.runs import PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
@@ -64,6 +70,9 @@ class Turn:
     model: str
     traceparent: str
     replica: str = ""
+    # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
+    placed: bool = False
+    ended: bool = False
 
 
 class Proxy:
@@ -130,6 +139,13 @@ class Proxy:
         client_left = asyncio.ensure_future(_client_disconnect(receive))
         try:
             await self._run_turn(turn, body, answer, client_left)
+        except asyncio.CancelledError:
+            # The server is stopping and its grace for open turns ran out. The turn ends here,
+            # so the task ends normally: the client gets an error it can retry on, not a bare 500.
+            if turn.placed and not turn.ended:
+                self._failed(turn, "the dataplane stopped")
+            if not answer.started:
+                await answer.refuse(DataplaneStopping("the dataplane is stopping; send the turn again"))
         finally:
             client_left.cancel()
 
@@ -156,7 +172,7 @@ class Proxy:
         if placement is None:
             log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
             return
-        turn.replica = placement.replica
+        turn.replica, turn.placed = placement.replica, True
         answer.headers[headers.REPLICA] = placement.replica
         self.scheduler.placed(
             PlacedTurn(turn.id, turn.run_id, turn.replica, turn.service_class, turn.caller, turn.model)
@@ -271,6 +287,8 @@ class Proxy:
     # -- reporting --
 
     def _report(self, turn: Turn, **event: Any) -> None:
+        if "completed" in event or "failed" in event:
+            turn.ended = True
         self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.run_id, **event))
 
     def _failed(self, turn: Turn, error: str) -> None:
@@ -333,17 +351,21 @@ class _Answer:
     def __init__(self, scope: Scope, receive: Receive, send: Send, luftpause_headers: dict[str, str]) -> None:
         self._scope, self._receive, self._send = scope, receive, send
         self.headers: MutableMapping[str, str] = luftpause_headers
+        self.started = False
 
     async def refuse(self, refusal: TurnRefused) -> None:
+        self.started = True
         await refusal_response(refusal, self.headers)(self._scope, self._receive, self._send)
 
     async def respond(self, content: bytes, upstream: httpx.Response) -> None:
         """The engine's whole reply: its status, body and passed headers, unchanged."""
         response = Response(content, status_code=upstream.status_code, headers=self._headers_for(upstream))
+        self.started = True
         await response(self._scope, self._receive, self._send)
 
     async def start(self, upstream: httpx.Response) -> None:
         raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self._headers_for(upstream).items()]
+        self.started = True
         await self._send({"type": "http.response.start", "status": upstream.status_code, "headers": raw})
 
     async def send_chunk(self, chunk: bytes) -> None:

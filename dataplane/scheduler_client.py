@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
 ADMIT_RETRY_S = 1.0
+# A scheduler that takes the connection but never answers the resync is treated as unreachable.
+RESYNC_TIMEOUT_S = 10.0
 
 # Status codes meaning the scheduler is not there to answer (down, restarting, or shutting down
 # and cancelling its calls), as opposed to having answered with an error.
@@ -63,6 +65,7 @@ class SchedulerClient:
         self._synced = asyncio.Event()
         self._report_call: grpc.aio.StreamUnaryCall | None = None
         self._report_task: asyncio.Task[None] | None = None
+        self._outage_logged = False
 
     @property
     def connected(self) -> bool:
@@ -163,9 +166,10 @@ class SchedulerClient:
                 self._events.put_nowait(None)
                 self._events = asyncio.Queue()
                 resync = self.runs.resync_request()
-                await self._stub.Resync(resync)
+                await self._stub.Resync(resync, timeout=RESYNC_TIMEOUT_S)
                 self._report_call = self._stub.Report(self._outgoing(self._events))
                 self._synced.set()
+                self._outage_logged = False
                 log.info(
                     "connected to scheduler at %s (resynced %d runs, %d turns in flight)",
                     self._target,
@@ -178,7 +182,15 @@ class SchedulerClient:
                 if self._synced.is_set():
                     log.warning("report stream to the scheduler broke (%s); reconnecting", e.code().name)
                 elif e.code() in _UNREACHABLE:
-                    log.debug("scheduler at %s not reachable (%s)", self._target, e.code().name)
+                    # Once per outage: turns are held meanwhile, and whoever reads the log should know why.
+                    log.log(
+                        logging.DEBUG if self._outage_logged else logging.WARNING,
+                        "scheduler at %s not reachable (%s); holding turns and retrying every %.0f s",
+                        self._target,
+                        e.code().name,
+                        RECONNECT_S,
+                    )
+                    self._outage_logged = True
                 else:
                     log.warning(
                         "scheduler at %s refused the resync: %s: %s", self._target, e.code().name, e.details()

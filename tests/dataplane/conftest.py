@@ -219,7 +219,9 @@ async def serve_asgi(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task]
             log_config=None,
             access_log=False,
             lifespan="auto",
-            timeout_graceful_shutdown=2,
+            # Long enough for tests that stop a server mid-turn to see the turn cut off, short
+            # enough not to slow them.
+            timeout_graceful_shutdown=1,
         )
     )
     task = asyncio.create_task(server.serve())
@@ -242,6 +244,7 @@ class Stack:
     engine_port: int
     dataplane_port: int
     config: lp_config.Config
+    dataplane_server: tuple[uvicorn.Server, asyncio.Task]
 
     @property
     def url(self) -> str:
@@ -265,7 +268,7 @@ async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
         ],
     )
     dataplane_server = await serve_asgi(create_app(config), config.dataplane.port)
-    stack = Stack(scheduler, engine, engine_port, config.dataplane.port, config)
+    stack = Stack(scheduler, engine, engine_port, config.dataplane.port, config, dataplane_server)
     await until(lambda: scheduler.resyncs, what="the dataplane's first resync")
     try:
         yield stack

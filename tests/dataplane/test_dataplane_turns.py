@@ -252,6 +252,20 @@ async def test_ending_a_run_reports_it_and_forgets_its_tool_call_ids(stack: Stac
     assert again.headers["x-luftpause-run-id"] != run_id
 
 
+async def test_a_turn_still_held_when_the_dataplane_stops_gets_a_503(stack: Stack):
+    stack.scheduler.hold = True
+    async with httpx.AsyncClient() as client:
+        pending = asyncio.ensure_future(client.post(f"{stack.url}/v1/chat/completions", json=BODY))
+        await until(lambda: stack.scheduler.admits, what="the admission")
+        server, _ = stack.dataplane_server
+        server.should_exit = True
+        r = await asyncio.wait_for(pending, 10.0)
+    assert r.status_code == 503
+    assert r.json() == {"error": {"message": "the dataplane is stopping; send the turn again"}}
+    assert r.headers["x-luftpause-run-id"]
+    await until(lambda: stack.scheduler.abandoned == [stack.scheduler.admits[0].turn_id])
+
+
 async def test_models_health_and_unknown_routes(stack: Stack):
     async with httpx.AsyncClient() as client:
         models = await client.get(f"{stack.url}/v1/models")
