@@ -193,9 +193,7 @@ class Proxy:
             self._failed(turn, "the client left before the engine answered")
             return
         except httpx.HTTPError as e:
-            refusal = EngineUnreachable(turn.replica, e)
-            self._failed(turn, refusal.message)
-            await answer.refuse(refusal)
+            await self._engine_unreachable(turn, answer, e)
             return
 
         # 4. Pass the reply through, observing it on the side; 5. report how the turn ended.
@@ -219,9 +217,7 @@ class Proxy:
             self._failed(turn, f"engine answered {upstream.status_code}; the client left")
             return
         except httpx.HTTPError as e:
-            refusal = EngineUnreachable(turn.replica, e)
-            self._failed(turn, refusal.message)
-            await answer.refuse(refusal)
+            await self._engine_unreachable(turn, answer, e)
             return
         self._failed(
             turn, f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}"
@@ -237,9 +233,7 @@ class Proxy:
             self._failed(turn, "the client left before the reply was complete")
             return
         except httpx.HTTPError as e:
-            refusal = EngineUnreachable(turn.replica, e)
-            self._failed(turn, refusal.message)
-            await answer.refuse(refusal)
+            await self._engine_unreachable(turn, answer, e)
             return
         observation = observe_completion(content)
         if observation.first_token:
@@ -283,6 +277,12 @@ class Proxy:
             return
         await answer.finish()
         self._ended(turn, observation)
+
+    async def _engine_unreachable(self, turn: Turn, answer: _Answer, error: httpx.HTTPError) -> None:
+        """The engine could not be reached or broke off before its reply began: a 502."""
+        refusal = EngineUnreachable(turn.replica, error)
+        self._failed(turn, refusal.message)
+        await answer.refuse(refusal)
 
     # -- reporting --
 

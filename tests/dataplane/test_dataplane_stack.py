@@ -198,11 +198,14 @@ def test_runs_paused_on_tools_come_back_to_the_same_replica(stack: Stack):
         assert set(run_ids) == {f"tool-run-{i}"}
 
 
-def test_a_run_without_a_header_is_found_by_the_tool_call_ids_it_echoes(stack: Stack):
-    replicas, run_ids, tool_calls = _tool_run(stack, "no header here", None)
-    assert tool_calls >= 1
-    assert len(set(run_ids)) == 1
-    assert len(set(replicas)) == 1
+def test_runs_without_a_header_are_found_by_the_tool_call_ids_they_echo(stack: Stack):
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: _tool_run(stack, f"no header, task {i}", None), range(4)))
+    for replicas, run_ids, tool_calls in results:
+        assert tool_calls >= 1
+        assert len(set(run_ids)) == 1, "every turn of the run got the run id of its first"
+        assert len(set(replicas)) == 1
+    assert len({run_ids[0] for _, run_ids, _ in results}) == 4, "each run has its own id"
 
 
 def test_an_unknown_model_is_a_404_at_once(stack: Stack):
