@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import statistics
 import time
 from typing import Any
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=16)
     p.add_argument("--repeats", type=int, default=1)
     args = p.parse_args(argv)
+    # The MCP client logs every HTTP request at INFO; a benchmark's output is its figures.
+    for noisy in ("httpx", "httpx2", "mcp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     print(f"fan-out benchmark: {args.runs} sub-agents, {args.repeats} repeat(s), against {args.runtime}")
     record = asyncio.run(run(args.runtime, args.runs, args.repeats))
     seq = statistics.median(record["sequential_s"])
