@@ -168,3 +168,34 @@ def running(*services: Service) -> Iterator[tuple[Service, ...]]:
     finally:
         for s in reversed(services):
             s.stop()
+
+
+def start_up(config_path: Path, log: Path, timeout_s: float = 60.0) -> subprocess.Popen:
+    """Starts `luftpause up --config F --with-fakes` and waits for its banner; fails if it exits."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "luftpause", "up", "--config", str(config_path), "--with-fakes"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    wait_until(
+        lambda: "luftpause is up" in log.read_text(errors="replace") or proc.poll() is not None,
+        timeout_s,
+        what="luftpause up to print its banner",
+    )
+    if proc.poll() is not None:
+        raise RuntimeError(f"luftpause up exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    return proc
+
+
+def stop_up(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:
+    """Ctrl-C for `luftpause up`; returns its exit code (killed if it does not stop in time)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -10,7 +10,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import httpx
 import pytest
 from mcp import Client
 from openai import OpenAI
-from support import Ports, tcp_open, wait_until, write_config
+from support import Ports, start_up, stop_up, tcp_open, wait_until, write_config
 
 STACK_START_S = 60.0
 
@@ -55,29 +54,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ports = Ports()
     conf = write_config(directory, ports)
     log = directory / "up.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "luftpause", "up", "--config", str(conf), "--with-fakes"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_up(conf, log, STACK_START_S)
     s = Stack(ports, proc, log, directory / "state")
     try:
-        wait_until(
-            lambda: "luftpause is up" in s.output() or proc.poll() is not None,
-            STACK_START_S,
-            what="luftpause up to print its banner",
-        )
-        assert proc.poll() is None, f"luftpause up exited:\n{s.output()[-3000:]}"
         yield s
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_up(proc)
 
 
 def test_up_shows_each_service_healthy_and_how_to_connect(stack: Stack) -> None:
@@ -210,3 +192,23 @@ def test_a_child_that_dies_is_restarted_and_reported(stack: Stack) -> None:
     assert re.search(rf"fake-mcp \(pid {pid}\) exited with code -9; restarting", out), out[-2000:]
     assert stack.pid_of("fake-mcp") != pid
     assert tcp_open(stack.ports.fake_mcp)
+
+
+def test_the_own_loop_example_keeps_its_run_on_one_replica(
+    stack: Stack, capsys: pytest.CaptureFixture
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "own_loop_agent.py"
+    spec = importlib.util.spec_from_file_location("own_loop_agent", path)
+    assert spec and spec.loader
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for task in ("How long is the Volga?", "Where does the Rhine rise?", "Name a river in Portugal."):
+        result = example.run_agent(stack.openai_base, "fake-llama", task, caller="example-test")
+        assert result["answer"]
+        assert len(result["replicas"]) >= 2  # at least one tool round
+        assert len(set(result["replicas"])) == 1, result["replicas"]
+        status = httpx.get(f"http://127.0.0.1:{stack.ports.status}/status/runs/{result['run_id']}").json()
+        assert status["replica"] == result["replicas"][0] and status["caller"] == "example-test"
+    assert "turn 1 on fake-" in capsys.readouterr().out

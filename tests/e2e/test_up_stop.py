@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from support import Ports, tcp_open, wait_until, write_config
+from support import Ports, start_up, stop_up, tcp_open, wait_until, write_config
 
 
 def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     ports = Ports()
     conf = write_config(tmp_path, ports)
     log = tmp_path / "up.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "luftpause", "up", "--config", str(conf), "--with-fakes"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_up(conf, log)
     try:
-        wait_until(
-            lambda: "luftpause is up" in log.read_text() or proc.poll() is not None, 60, what="the banner"
-        )
-        assert proc.poll() is None, log.read_text()[-3000:]
         listening = [ports.grpc, ports.status, ports.dataplane, ports.runtime, ports.fake_mcp, *ports.engines]
         assert all(tcp_open(p) for p in listening)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        assert stop_up(proc) == 0
         assert "stopped all services" in log.read_text()
         wait_until(lambda: not any(tcp_open(p) for p in listening), 10, what="every port to close")
     finally:
