@@ -1,8 +1,10 @@
 """The dataplane service: an OpenAI-compatible proxy in front of the engine pool, on port 8080.
 
-Routes: `POST /v1/chat/completions` (the per-turn path, `proxy.Proxy`), `GET /v1/models` (the
-models the pool's replicas serve), `DELETE /v1/runs/{run_id}` (the agent ends a run) and
-`GET /health`. `serve(config)` runs it under uvicorn until SIGTERM or SIGINT.
+Routes: `POST /v1/chat/completions` (the per-turn path, `proxy.Proxy`), `POST /v1/decide`
+(`decide.Decide`), `GET /v1/models` (every model the pool serves),
+`DELETE /v1/runs/{run_id}` (the agent ends a run), `GET /health` and `GET /metrics`
+(Prometheus). With `LUFTPAUSE_TOKEN` set, every `/v1` route needs it as a bearer token
+(`auth.BearerAuth`). `serve(config)` runs it under uvicorn until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from starlette.routing import Route
 
 from luftpause import config as lp_config
 from luftpause.dataplane import headers
+from luftpause.dataplane.auth import BearerAuth, token_from_env
+from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import error_response
-from luftpause.dataplane.proxy import Proxy
+from luftpause.dataplane.metrics import CONTENT_TYPE
+from luftpause.dataplane.proxy import Proxy, quiet_deliberate_cut_offs
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +35,10 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5
 
 
-def create_app(config: lp_config.Config) -> FastAPI:
+def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
+    """The dataplane app; `token` is the bearer every /v1 request needs (None lets everyone in)."""
     proxy = Proxy(config)
+    quiet_deliberate_cut_offs()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,6 +51,8 @@ def create_app(config: lp_config.Config) -> FastAPI:
     app = FastAPI(title="luftpause dataplane", lifespan=lifespan)
     app.state.proxy = proxy
     app.router.routes.append(Route("/v1/chat/completions", endpoint=proxy, methods=["POST"]))
+    app.router.routes.append(Route("/v1/decide", endpoint=Decide(proxy), methods=["POST"]))
+    app.add_middleware(BearerAuth, token=token)
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> Response:
@@ -65,6 +74,10 @@ def create_app(config: lp_config.Config) -> FastAPI:
             "data": [{"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in served],
         }
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(proxy.metrics.render(), media_type=CONTENT_TYPE)
+
     @app.delete("/v1/runs/{run_id}", status_code=204)
     async def end_run(run_id: str) -> Response:
         proxy.end_run(run_id)
@@ -78,7 +91,7 @@ def serve(config: lp_config.Config) -> None:
     settings = config.dataplane
     log.info("dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler)
     uvicorn.run(
-        create_app(config),
+        create_app(config, token_from_env()),
         host=settings.host,
         port=settings.port,
         # The CLI configured logging already; per-request access lines would cost more than the turn.

@@ -14,17 +14,19 @@
 It is a plain ASGI callable rather than a FastAPI endpoint because a turn needs the connection
 itself: it watches for the client leaving at every stage, and a reply that breaks off mid-stream
 must reach the client as a connection closed before the end, not as a finished response.
+Steps 2 to 5 are also what `decide.Decide` runs its turns with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,6 +44,7 @@ from luftpause.dataplane.errors import (
     TurnRefused,
     refusal_response,
 )
+from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.run_identity import PRUNE_PERIOD_S, ToolCallMemory, resolve_run_id
 from luftpause.dataplane.runs import PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
@@ -55,6 +58,35 @@ T = TypeVar("T")
 ENGINE_CONNECT_TIMEOUT_S = 2.0
 # Engine response headers the client gets along with the engine's status and body.
 _PASSED_HEADERS = ("content-type", "cache-control", "retry-after")
+_UNFINISHED = "ASGI callable returned without completing response"
+
+# Set in a turn's task when its reply is cut off on purpose (the engine broke off mid-stream).
+_cut_off_on_purpose: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cut_off_on_purpose", default=False
+)
+
+
+class _QuietDeliberateCutOff(logging.Filter):
+    """Drops the server's error line about an unfinished response when we left it so on purpose.
+
+    Closing the connection before the end is how a client learns that an engine broke off
+    mid-stream; the server reports any such response as an application error. The server logs
+    it from the turn's own task after the endpoint returns, so the context variable the turn
+    set is still visible; any other unfinished response is still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_cut_off_on_purpose.get() and record.getMessage().startswith(_UNFINISHED))
+
+
+_cut_off_filter = _QuietDeliberateCutOff()
+
+
+def quiet_deliberate_cut_offs() -> None:
+    """Installs the filter on the server's error log (once, however many apps a process makes)."""
+    server_log = logging.getLogger("uvicorn.error")
+    if _cut_off_filter not in server_log.filters:
+        server_log.addFilter(_cut_off_filter)
 
 
 class ClientLeft(Exception):
@@ -69,10 +101,19 @@ class Turn:
     caller: str
     model: str
     traceparent: str
+    # Which route it came through, for the metrics: "chat" or "decide".
+    route: str = "chat"
+    kind: pb.ReplicaKind = pb.GENERATIVE
+    # The run the scheduler is told about; "" keeps the turn outside run state (decide).
+    scheduled_run_id: str | None = None
     replica: str = ""
     # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
     placed: bool = False
     ended: bool = False
+
+    @property
+    def scheduler_run_id(self) -> str:
+        return self.run_id if self.scheduled_run_id is None else self.scheduled_run_id
 
 
 class Proxy:
@@ -83,6 +124,8 @@ class Proxy:
         self.memory = ToolCallMemory()
         self.runs = RunBook()
         self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs)
+        self.metrics = DataplaneMetrics()
+        self.metrics.watch_scheduler(lambda: self.scheduler.connected)
         self._http: httpx.AsyncClient | None = None
         self._pruner: asyncio.Task[None] | None = None
 
@@ -120,13 +163,13 @@ class Proxy:
 
         # 1. Resolve the run and read the class and caller.
         run_id = resolve_run_id(request.headers.get(headers.RUN_ID), payload.get("messages"), self.memory)
-        answer = _Answer(scope, receive, send, {headers.RUN_ID: run_id})
+        answer = Answer(scope, receive, send, {headers.RUN_ID: run_id})
         try:
             if problem:
                 raise BadTurnRequest(problem)
             service_class = headers.service_class(request.headers.get(headers.SERVICE_CLASS))
         except TurnRefused as refusal:
-            await answer.refuse(refusal)
+            await self.refuse(answer, "chat", refusal)
             return
         turn = Turn(
             id=uuid.uuid4().hex,
@@ -136,121 +179,165 @@ class Proxy:
             model=payload["model"],
             traceparent=request.headers.get(headers.TRACEPARENT, ""),
         )
+
+        async def chat(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:
+            await self._chat(turn, placement, body, answer, client_left)
+
+        await self.run_turn(turn, answer, receive, chat)
+
+    async def run_turn(self, turn: Turn, answer: Answer, receive: Receive, work: TurnWork) -> None:
+        """Admits `turn` (steps 2), then runs `work` (steps 3 to 5) with the client watched for leaving.
+
+        `work` gets the scheduler's placement and the future that completes when the client
+        leaves. Whatever happens, the turn leaves here answered or abandoned, reported, its slot free.
+        """
         client_left = asyncio.ensure_future(_client_disconnect(receive))
         try:
-            await self._run_turn(turn, body, answer, client_left)
+            placement = await self.place(turn, answer, client_left)
+            if placement is not None:
+                await work(placement, client_left)
         except asyncio.CancelledError:
             # The server is stopping and its grace for open turns ran out. The turn ends here,
             # so the task ends normally: the client gets an error it can retry on, not a bare 500.
             if turn.placed and not turn.ended:
-                self._failed(turn, "the dataplane stopped")
+                self.failed(turn, "the dataplane stopped")
             if not answer.started:
+                if not turn.placed:
+                    self.metrics.ended(turn.route, "refused")
                 await answer.refuse(DataplaneStopping("the dataplane is stopping; send the turn again"))
         finally:
             client_left.cancel()
 
-    async def _run_turn(
-        self, turn: Turn, body: bytes, answer: _Answer, client_left: asyncio.Future[None]
-    ) -> None:
-        # 2. Admit: held until the scheduler places the turn, refuses it, or the client leaves.
+    async def refuse(self, answer: Answer, route: str, refusal: TurnRefused) -> None:
+        """Answers with an error of the dataplane's own, for a turn that never reached a replica."""
+        self.metrics.ended(route, "refused")
+        await answer.refuse(refusal)
+
+    async def place(
+        self, turn: Turn, answer: Answer, client_left: asyncio.Future[None]
+    ) -> pb.AdmitReply | None:
+        """Step 2: held until the scheduler places the turn; None once it was refused or abandoned."""
+        asked = time.perf_counter()
         try:
             placement = await self.scheduler.admit(
                 pb.AdmitRequest(
                     turn_id=turn.id,
-                    run_id=turn.run_id,
+                    run_id=turn.scheduler_run_id,
                     service_class=turn.service_class,
                     caller=turn.caller,
                     model=turn.model,
-                    kind=pb.GENERATIVE,
+                    kind=turn.kind,
                     traceparent=turn.traceparent,
                 ),
                 abandoned=client_left,
             )
         except TurnRefused as refusal:
-            await answer.refuse(refusal)
-            return
+            await self.refuse(answer, turn.route, refusal)
+            return None
         if placement is None:
             log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
-            return
+            self.metrics.ended(turn.route, "abandoned")
+            return None
+        self.metrics.admission.observe(time.perf_counter() - asked)
+        self.metrics.in_flight.inc()
         turn.replica, turn.placed = placement.replica, True
         answer.headers[headers.REPLICA] = placement.replica
         self.scheduler.placed(
-            PlacedTurn(turn.id, turn.run_id, turn.replica, turn.service_class, turn.caller, turn.model)
+            PlacedTurn(
+                turn.id,
+                turn.scheduler_run_id,
+                turn.replica,
+                turn.service_class,
+                turn.caller,
+                turn.model,
+                turn.kind,
+            )
         )
         if client_left.done():
             # Placed at the moment the client left: the slot must be freed, not left to expire.
-            self._failed(turn, "the client left as the turn was placed")
-            return
+            self.failed(turn, "the client left as the turn was placed")
+            return None
+        return placement
 
+    async def _chat(
+        self,
+        turn: Turn,
+        placement: pb.AdmitReply,
+        body: bytes,
+        answer: Answer,
+        client_left: asyncio.Future[None],
+    ) -> None:
         # 3. Forward the body, unchanged, to the placed replica.
-        engine_request = self._engine_request(turn, placement, body)
-        self._report(turn, started=pb.TurnStarted())
-        try:
-            upstream = await _unless_client_leaves(
-                self._client.send(engine_request, stream=True), client_left
-            )
-        except ClientLeft:
-            self._failed(turn, "the client left before the engine answered")
+        request = self.engine_request(turn, placement, "chat/completions", body)
+        upstream = await self.exchange(turn, request, answer, client_left)
+        if upstream is None:
             return
-        except httpx.HTTPError as e:
-            await self._engine_unreachable(turn, answer, e)
-            return
-
         # 4. Pass the reply through, observing it on the side; 5. report how the turn ended.
         try:
             if upstream.status_code >= 400:
-                await self._pass_engine_error(turn, upstream, answer, client_left)
+                await self.pass_engine_error(turn, upstream, answer, client_left)
             elif upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 await self._relay_stream(turn, upstream, answer, client_left)
             else:
-                await self._pass_whole_reply(turn, upstream, answer, client_left)
+                content = await self.read_whole(turn, upstream, answer, client_left)
+                if content is not None:
+                    observation = observe_completion(content)
+                    if observation.first_token:
+                        self.report(turn, first_token=pb.FirstToken())
+                    self.ended(turn, observation)
+                    await answer.respond(content, upstream)
         finally:
             await upstream.aclose()
 
-    async def _pass_engine_error(
-        self, turn: Turn, upstream: httpx.Response, answer: _Answer, client_left: asyncio.Future[None]
+    async def exchange(
+        self, turn: Turn, request: httpx.Request, answer: Answer, client_left: asyncio.Future[None]
+    ) -> httpx.Response | None:
+        """Sends the engine request; the response with its body still to read, or None when the
+        turn already ended here (the client left, or the engine could not be reached: a 502)."""
+        self.report(turn, started=pb.TurnStarted())
+        try:
+            return await _unless_client_leaves(self._client.send(request, stream=True), client_left)
+        except ClientLeft:
+            self.failed(turn, "the client left before the engine answered")
+        except httpx.HTTPError as e:
+            await self._engine_unreachable(turn, answer, e)
+        return None
+
+    async def read_whole(
+        self, turn: Turn, upstream: httpx.Response, answer: Answer, client_left: asyncio.Future[None]
+    ) -> bytes | None:
+        """The whole body of a reply that is not streamed; None when the turn ended while reading."""
+        try:
+            return await _unless_client_leaves(upstream.aread(), client_left)
+        except ClientLeft:
+            self.failed(
+                turn, f"engine answered {upstream.status_code}; the client left before the reply was read"
+            )
+        except httpx.HTTPError as e:
+            await self._engine_unreachable(turn, answer, e)
+        return None
+
+    async def pass_engine_error(
+        self, turn: Turn, upstream: httpx.Response, answer: Answer, client_left: asyncio.Future[None]
     ) -> None:
         """The engine refused (429, 5xx, 4xx): its status, body and Retry-After go back unchanged."""
-        try:
-            content = await _unless_client_leaves(upstream.aread(), client_left)
-        except ClientLeft:
-            self._failed(turn, f"engine answered {upstream.status_code}; the client left")
+        content = await self.read_whole(turn, upstream, answer, client_left)
+        if content is None:
             return
-        except httpx.HTTPError as e:
-            await self._engine_unreachable(turn, answer, e)
-            return
-        self._failed(
-            turn, f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}"
-        )
-        await answer.respond(content, upstream)
-
-    async def _pass_whole_reply(
-        self, turn: Turn, upstream: httpx.Response, answer: _Answer, client_left: asyncio.Future[None]
-    ) -> None:
-        try:
-            content = await _unless_client_leaves(upstream.aread(), client_left)
-        except ClientLeft:
-            self._failed(turn, "the client left before the reply was complete")
-            return
-        except httpx.HTTPError as e:
-            await self._engine_unreachable(turn, answer, e)
-            return
-        observation = observe_completion(content)
-        if observation.first_token:
-            self._report(turn, first_token=pb.FirstToken())
-        self._ended(turn, observation)
+        self.failed(turn, f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}")
         await answer.respond(content, upstream)
 
     async def _relay_stream(
-        self, turn: Turn, upstream: httpx.Response, answer: _Answer, client_left: asyncio.Future[None]
+        self, turn: Turn, upstream: httpx.Response, answer: Answer, client_left: asyncio.Future[None]
     ) -> None:
         observer = StreamObserver()
+        send_chunk = answer.send_chunk
 
         async def pump() -> None:
             async for chunk in upstream.aiter_raw():
                 if observer.feed(chunk):
-                    self._report(turn, first_token=pb.FirstToken())
-                await answer.send_chunk(chunk)
+                    self.report(turn, first_token=pb.FirstToken())
+                await send_chunk(chunk)
 
         await answer.start(upstream)
         pumping = asyncio.ensure_future(pump())
@@ -261,48 +348,54 @@ class Proxy:
                 pumping.cancel()
                 await asyncio.wait({pumping})
         if pumping.cancelled():
-            # Closing the engine request (on the way out of _run_turn) stops its generation.
-            self._failed(turn, "the client left mid-stream")
+            # Closing the engine request (on the way out of _chat) stops its generation.
+            self.failed(turn, "the client left mid-stream")
             return
         observation = observer.close()
         error = pumping.exception()
         if error is not None:
             log.warning("engine %s broke off turn %s mid-stream: %r", turn.replica, turn.id, error)
-            self._failed(turn, f"engine {turn.replica}: stream broke off: {error!r}")
+            self.failed(turn, f"engine {turn.replica}: stream broke off: {error!r}")
             # The response is left unfinished: the connection closes without the final chunk,
             # which is how the client learns the reply is lost.
+            _cut_off_on_purpose.set(True)
             return
         if not (observation.done or observation.finish_reason):
-            self._failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
+            self.failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
+            _cut_off_on_purpose.set(True)
             return
         await answer.finish()
-        self._ended(turn, observation)
+        self.ended(turn, observation)
 
-    async def _engine_unreachable(self, turn: Turn, answer: _Answer, error: httpx.HTTPError) -> None:
+    async def _engine_unreachable(self, turn: Turn, answer: Answer, error: httpx.HTTPError) -> None:
         """The engine could not be reached or broke off before its reply began: a 502."""
         refusal = EngineUnreachable(turn.replica, error)
-        self._failed(turn, refusal.message)
+        self.failed(turn, refusal.message)
         await answer.refuse(refusal)
 
     # -- reporting --
 
-    def _report(self, turn: Turn, **event: Any) -> None:
+    def report(self, turn: Turn, **event: Any) -> None:
         if "completed" in event or "failed" in event:
+            if turn.ended:
+                return
             turn.ended = True
-        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.run_id, **event))
+            self.metrics.in_flight.dec()
+            self.metrics.ended(turn.route, "completed" if "completed" in event else "failed")
+        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event))
 
-    def _failed(self, turn: Turn, error: str) -> None:
-        self._report(turn, failed=pb.TurnFailed(error=error))
+    def failed(self, turn: Turn, error: str) -> None:
+        self.report(turn, failed=pb.TurnFailed(error=error))
 
-    def _ended(self, turn: Turn, observation: ReplyObservation) -> None:
+    def ended(self, turn: Turn, observation: ReplyObservation) -> None:
         """Reports a reply that came back whole: completed, or failed when the engine said it failed."""
         if observation.error:
-            self._failed(turn, f"engine {turn.replica}: {observation.error}")
+            self.failed(turn, f"engine {turn.replica}: {observation.error}")
             return
-        if observation.tool_call_ids:
+        if observation.tool_call_ids and turn.scheduler_run_id:
             # The agent's next turn echoes these ids; that is how a run without a header is found.
             self.memory.remember(observation.tool_call_ids, turn.run_id)
-        self._report(
+        self.report(
             turn,
             completed=pb.TurnCompleted(
                 finish_reason=observation.finish_reason,
@@ -319,7 +412,10 @@ class Proxy:
         assert self._http is not None, "open() first"
         return self._http
 
-    def _engine_request(self, turn: Turn, placement: pb.AdmitReply, body: bytes) -> httpx.Request:
+    def engine_request(
+        self, turn: Turn, placement: pb.AdmitReply, endpoint: str, body: bytes
+    ) -> httpx.Request:
+        """A POST of `body` to the placed replica's `endpoint` (as `engine_url` reads it)."""
         replica = self.config.replica(placement.replica)
         base = placement.url or (replica.url if replica else "")
         outgoing = {
@@ -333,9 +429,7 @@ class Proxy:
             outgoing["authorization"] = f"Bearer {api_key}"
         if turn.traceparent:
             outgoing[headers.TRACEPARENT] = turn.traceparent
-        return self._client.build_request(
-            "POST", f"{base.rstrip('/')}/v1/chat/completions", content=body, headers=outgoing
-        )
+        return self._client.build_request("POST", engine_url(base, endpoint), content=body, headers=outgoing)
 
     async def _prune_forever(self) -> None:
         while True:
@@ -345,7 +439,21 @@ class Proxy:
             self.runs.prune(now)
 
 
-class _Answer:
+TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]
+
+
+def engine_url(base: str, endpoint: str) -> str:
+    """The URL of `endpoint` under a replica's base URL: "chat/completions" under /v1, "/classify" at the root.
+
+    Engines are configured by their root (`http://host:30000`); hosted APIs are often given with
+    their `/v1` already on (`https://api.example.com/v1`), which must not be doubled.
+    """
+    base = base.rstrip("/")
+    root = base.removesuffix("/v1")
+    return f"{root}{endpoint}" if endpoint.startswith("/") else f"{root}/v1/{endpoint}"
+
+
+class Answer:
     """The response side of one turn's connection, with the luftpause headers it carries."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, luftpause_headers: dict[str, str]) -> None:
@@ -360,6 +468,13 @@ class _Answer:
     async def respond(self, content: bytes, upstream: httpx.Response) -> None:
         """The engine's whole reply: its status, body and passed headers, unchanged."""
         response = Response(content, status_code=upstream.status_code, headers=self._headers_for(upstream))
+        self.started = True
+        await response(self._scope, self._receive, self._send)
+
+    async def respond_json(self, payload: Any) -> None:
+        """A 200 reply the dataplane made itself (decide's scores)."""
+        content = json.dumps(payload, separators=(",", ":")).encode()
+        response = Response(content, media_type="application/json", headers=dict(self.headers))
         self.started = True
         await response(self._scope, self._receive, self._send)
 

@@ -50,6 +50,10 @@ class RunBook:
     def placed(self, turn: PlacedTurn, now: float | None = None) -> None:
         """The scheduler placed `turn`: its run is generating there from now on."""
         now = time.monotonic() if now is None else now
+        if not _in_run_state(turn):
+            # Still in flight for the resync, but no run is generating because of it.
+            self.turns[turn.turn_id] = turn
+            return
         if turn.turn_id not in self.turns:
             self._turn_count[turn.run_id] = self._turn_count.get(turn.run_id, 0) + 1
         self.turns[turn.turn_id] = turn
@@ -132,9 +136,14 @@ class RunBook:
 
     def _finish(self, turn_id: str) -> None:
         turn = self.turns.pop(turn_id, None)
-        if turn is not None:
+        if turn is not None and _in_run_state(turn):
             left = self._turn_count[turn.run_id] - 1
             if left:
                 self._turn_count[turn.run_id] = left
             else:
                 del self._turn_count[turn.run_id]
+
+
+def _in_run_state(turn: PlacedTurn) -> bool:
+    """Single-pass turns, and decide's turns sent without a run, keep no run state (as in the scheduler)."""
+    return turn.kind == pb.GENERATIVE and turn.run_id != ""
