@@ -1,8 +1,15 @@
-"""The fake engine's /metrics: its load under SGLang's metric names, read from the model at scrape time.
+"""The fake engine's /metrics: the model's load under SGLang's or vLLM's names, read at scrape time.
 
-The scheduler's prober reads these exactly as it reads a real SGLang server's, so the names,
-the `model_name` label and the gauge types follow SGLang. Each app gets its own registry so that
-several engines can live in one process (as they do in tests).
+The scheduler's prober reads these exactly as it reads a real engine's, so the names, the
+`model_name` label and the metric types follow the engine being imitated, chosen per instance:
+
+- sglang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`,
+  `sglang:cache_hit_rate` (gauges), `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`;
+- vllm: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
+  (gauges), `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
+  `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`.
+
+Each app gets its own registry so that several engines can live in one process (as in tests).
 """
 
 from __future__ import annotations
@@ -12,51 +19,76 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from luftpause.fake_engine.model import Engine
+from luftpause.fake_engine.realtime import RealtimeEngine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FLAVOURS = ("sglang", "vllm")
 
 
 class EngineCollector:
-    """Reads `Engine.load()` whenever Prometheus (or the prober) scrapes."""
+    """Reads the engine's load whenever Prometheus (or the prober) scrapes."""
 
-    def __init__(self, engine: Engine, model: str) -> None:
+    def __init__(self, engine: RealtimeEngine, model: str, flavour: str) -> None:
+        if flavour not in FLAVOURS:
+            raise ValueError(f"metrics flavour must be one of {', '.join(FLAVOURS)}, got '{flavour}'")
         self._engine = engine
         self._model = model
+        self._flavour = flavour
 
     def collect(self) -> Iterable[Metric]:
         load = self._engine.load()
-        gauges = (
-            ("sglang:num_running_reqs", "The number of running requests.", load.running),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", load.waiting),
-            ("sglang:token_usage", "The token usage, a fraction of the KV pool.", load.token_usage),
-            (
-                "sglang:cache_hit_rate",
-                "The prefix cache hit rate (no cache is modelled yet).",
-                load.cache_hit_rate,
-            ),
-        )
+        if self._flavour == "sglang":
+            gauges = (
+                ("sglang:num_running_reqs", "The number of running requests.", load.running),
+                ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", load.waiting),
+                ("sglang:token_usage", "The token usage, a fraction of the KV pool.", load.token_usage),
+                ("sglang:cache_hit_rate", "The prefix cache hit rate.", load.cache_hit_rate),
+            )
+            counters = (
+                ("sglang:prompt_tokens", "Number of prefill tokens processed.", load.prompt_tokens_total),
+                (
+                    "sglang:generation_tokens",
+                    "Number of generation tokens processed.",
+                    load.generation_tokens_total,
+                ),
+            )
+        else:
+            gauges = (
+                ("vllm:num_requests_running", "Number of requests in model execution batches.", load.running),
+                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", load.waiting),
+                ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", load.token_usage),
+            )
+            counters = (
+                (
+                    "vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    load.prefix_queries_total,
+                ),
+                (
+                    "vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    load.prefix_hits_total,
+                ),
+                ("vllm:prompt_tokens", "Number of prefill tokens processed.", load.prompt_tokens_total),
+                (
+                    "vllm:generation_tokens",
+                    "Number of generation tokens processed.",
+                    load.generation_tokens_total,
+                ),
+            )
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])
             gauge.add_metric([self._model], value)
             yield gauge
-        counters = (
-            ("sglang:prompt_tokens", "Number of prefill tokens processed.", load.prompt_tokens_total),
-            (
-                "sglang:generation_tokens",
-                "Number of generation tokens processed.",
-                load.generation_tokens_total,
-            ),
-        )
         for name, documentation, value in counters:
             counter = CounterMetricFamily(name, documentation, labels=["model_name"])
             counter.add_metric([self._model], value)
             yield counter
 
 
-def metrics_registry(engine: Engine, model: str) -> CollectorRegistry:
+def metrics_registry(engine: RealtimeEngine, model: str, flavour: str = "sglang") -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, model))
+    registry.register(EngineCollector(engine, model, flavour))
     return registry
 
 

@@ -67,6 +67,8 @@ class ChatRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    priority: int = 0
+    """SGLang's request priority; only an engine with priority scheduling on looks at it."""
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatRequest:
@@ -131,15 +133,7 @@ class Envelope:
     def completion(
         self, reply: Reply, prompt_tokens: int, logprobs: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
-        if reply.tool_call is not None:
-            message["tool_calls"] = [
-                {
-                    "id": reply.tool_call.id,
-                    "type": "function",
-                    "function": {"name": reply.tool_call.name, "arguments": reply.tool_call.arguments},
-                }
-            ]
+        message = reply_message(reply)
         return {
             **self._base("chat.completion"),
             "choices": [
@@ -158,7 +152,7 @@ class Envelope:
         delta: dict[str, Any],
         finish_reason: str | None = None,
         with_usage_field: bool = False,
-        logprobs: dict[str, Any] | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         body = {
             **self._base("chat.completion.chunk"),
@@ -166,7 +160,7 @@ class Envelope:
                 {
                     "index": 0,
                     "delta": delta,
-                    "logprobs": None if logprobs is None else {"content": [logprobs]},
+                    "logprobs": None if logprobs is None else {"content": logprobs},
                     "finish_reason": finish_reason,
                 }
             ],
@@ -184,21 +178,36 @@ class Envelope:
         }
 
 
-def delta_for(reply: Reply, index: int) -> dict[str, Any]:
-    """The stream delta that carries the reply's token number `index`."""
-    piece = reply.pieces[index]
+def reply_message(reply: Reply) -> dict[str, Any]:
+    """The assistant message a client appends to its conversation after this reply."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.tool_call is not None:
+        message["tool_calls"] = [
+            {
+                "id": reply.tool_call.id,
+                "type": "function",
+                "function": {"name": reply.tool_call.name, "arguments": reply.tool_call.arguments},
+            }
+        ]
+    return message
+
+
+def delta_for_range(reply: Reply, start: int, end: int) -> dict[str, Any]:
+    """The stream delta that carries the reply's tokens `start` to `end` (one chunk of the stream)."""
+    pieces = reply.pieces[start:end]
     call = reply.tool_call
     if call is None:
-        return {"content": piece}
-    if index == 0:
+        return {"content": "".join(pieces)}
+    if start == 0:
+        # The first piece of a tool call is its name; arguments follow in later pieces.
         return {
             "tool_calls": [
                 {
                     "index": 0,
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.name, "arguments": ""},
+                    "function": {"name": call.name, "arguments": "".join(pieces[1:])},
                 }
             ]
         }
-    return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+    return {"tool_calls": [{"index": 0, "function": {"arguments": "".join(pieces)}}]}

@@ -1,11 +1,14 @@
 """The fake engine's HTTP face: an OpenAI-compatible server in front of the engine model.
 
 Routes: `POST /v1/chat/completions` (JSON or SSE), `POST /classify` and `/v1/classify` (vLLM's
-single-pass shape), `GET /v1/models`, `GET /health`, `GET /metrics` (SGLang's names), and what
+single-pass shape), `GET /v1/models`, `GET /health`, `GET /metrics` (SGLang's or vLLM's names,
+per instance), and what
 the SGLang router asks of a worker: `GET /server_info`, `GET /model_info` (also under their older
 `/get_` names) and `GET /get_load`. Every chat response object carries the replica name as
 `system_fingerprint`, which is how tests and benchmarks see which replica served a turn. What the
-engine says comes from `replies`, how long it takes from `model`; this module only translates.
+engine says comes from `replies`, how long it takes from the engine model (`engine`, driven by
+`realtime`); this module only translates. A stream sends `chunk_tokens` tokens per chunk, so that
+a flood of streams measures the scheduler rather than our own JSON encoding.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -29,18 +33,22 @@ from starlette.types import Receive
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.fake_engine import classify, metrics
+from luftpause.fake_engine.engine import EngineRequest
 from luftpause.fake_engine.logprobs import reply_logprobs
-from luftpause.fake_engine.model import Engine, EngineTiming, timing_from_env
+from luftpause.fake_engine.params import EngineParams, params_from_env
+from luftpause.fake_engine.prefix_cache import prompt_blocks, reply_block
 from luftpause.fake_engine.protocol import (
     ChatRequest,
     Envelope,
     RequestError,
-    delta_for,
+    delta_for_range,
     describe,
     parse_request,
+    reply_message,
 )
+from luftpause.fake_engine.realtime import EngineRejected, RealtimeEngine
 from luftpause.fake_engine.replies import Reply, ReplyError, compose_reply
-from luftpause.fake_engine.tokens import count_tokens, prompt_tokens
+from luftpause.fake_engine.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +62,26 @@ def error(status: int, message: str) -> JSONResponse:
 def create_app(
     name: str = "fake-a",
     model: str = DEFAULT_MODEL,
-    slots: int = 8,
-    timing: EngineTiming | None = None,
+    slots: int | None = None,
+    params: EngineParams | None = None,
     labels: tuple[str, ...] = classify.DEFAULT_LABELS,
+    metrics_flavour: str = "sglang",
+    time_scale: float = 1.0,
+    chunk_tokens: int = 1,
 ) -> FastAPI:
-    """One fake engine replica called `name`, serving `model` with `slots` running slots.
+    """One fake engine replica called `name`, serving `model`.
 
-    `labels` are what `/classify` answers with when the replica is used as a single-pass one.
+    `slots` overrides `params.slots` (0: as many as the KV pool holds). `labels` are what
+    `/classify` answers with when the replica is used as a single-pass one. `metrics_flavour` is
+    "sglang" or "vllm"; `time_scale` multiplies every modelled duration (0.1: ten times faster).
     """
-    engine = Engine(slots=slots, timing=timing)
-    registry = metrics.metrics_registry(engine, model)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    params = params or EngineParams()
+    if slots is not None:
+        params = replace(params, slots=slots)
+    engine = RealtimeEngine(params, time_scale=time_scale)
+    registry = metrics.metrics_registry(engine, model, metrics_flavour)
     started = int(time.time())
     app = FastAPI(title=f"luftpause fake engine {name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
@@ -96,8 +114,8 @@ def create_app(
         "model_path": model,
         "tokenizer_path": model,
         "is_generation": True,
-        "max_running_requests": slots,
-        "max_total_num_tokens": engine.timing.kv_pool_tokens,
+        "max_running_requests": params.slots or None,
+        "max_total_num_tokens": params.kv_pool_tokens,
         "version": "luftpause-fake-engine",
     }
     for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
@@ -118,7 +136,12 @@ def create_app(
             return error(404, f"model '{body.model}' is not served here; this engine serves '{model}'")
         texts = classify.inputs_of(body)
         prompt = sum(count_tokens(t) for t in texts)
-        finished = await _unless_disconnected(request.receive, _single_pass(engine, prompt))
+        blocks = prompt_blocks([{"role": "user", "content": t} for t in texts])
+        work = engine.submit(EngineRequest(engine.next_id(), blocks, completion_tokens=0))
+        try:
+            finished = await _unless_disconnected(request.receive, work.wait())
+        except EngineRejected as e:
+            return error(400, str(e))
         if not finished:
             return Response(status_code=499)
         return JSONResponse(
@@ -152,39 +175,38 @@ def create_app(
         messages = [m.model_dump(exclude_none=True) for m in chat.messages]
         tools = [t.model_dump(exclude_none=True) for t in chat.tools or ()]
         try:
-            reply = compose_reply(
-                messages, tools, chat.tool_choice, chat.token_limit, engine.timing.reply_tokens
-            )
+            reply = compose_reply(messages, tools, chat.tool_choice, chat.token_limit, params.reply_tokens)
         except ReplyError as e:
             return error(400, str(e))
-        prompt = prompt_tokens(messages, tools)
+        blocks = prompt_blocks(messages, tools)
+        prompt = sum(b.tokens for b in blocks)
         envelope = Envelope(model, name)
         logprobs = reply_logprobs(messages, reply, chat.top_logprobs or 0) if chat.logprobs else None
+        engine_request = EngineRequest(
+            engine.next_id(),
+            blocks,
+            completion_tokens=reply.completion_tokens,
+            max_tokens=chat.token_limit,
+            reply=reply_block(blocks, reply_message(reply)),
+            priority=chat.priority,
+        )
         if chat.stream:
             return StreamingResponse(
-                _stream(engine, envelope, reply, prompt, chat, logprobs),
+                _stream(engine, engine_request, envelope, reply, prompt, chat, logprobs, chunk_tokens),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        finished = await _unless_disconnected(request.receive, _generate(engine, reply, prompt))
+        generation = engine.submit(engine_request)
+        try:
+            finished = await _unless_disconnected(request.receive, generation.wait())
+        except EngineRejected as e:
+            return error(400, str(e))
         if not finished:
             # Nobody is listening any more; the slot is already free.
             return Response(status_code=499)
         return JSONResponse(envelope.completion(reply, prompt, logprobs))
 
     return app
-
-
-async def _generate(engine: Engine, reply: Reply, prompt: int) -> None:
-    async with engine.admit(prompt) as admission:
-        await admission.prefill()
-        for _ in range(reply.completion_tokens):
-            await admission.decode()
-
-
-async def _single_pass(engine: Engine, prompt: int) -> None:
-    async with engine.admit(prompt) as admission:
-        await admission.prefill()
 
 
 async def _until_disconnected(receive: Receive) -> None:
@@ -204,7 +226,10 @@ async def _unless_disconnected(receive: Receive, work: Awaitable[None]) -> bool:
             job.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await job
-    return not job.cancelled()
+    if job.cancelled():
+        return False
+    job.result()  # an error of the work itself is the caller's to answer
+    return True
 
 
 def _sse(body: dict[str, Any] | str) -> bytes:
@@ -213,38 +238,82 @@ def _sse(body: dict[str, Any] | str) -> bytes:
 
 
 async def _stream(
-    engine: Engine,
+    engine: RealtimeEngine,
+    engine_request: EngineRequest,
     envelope: Envelope,
     reply: Reply,
     prompt: int,
     chat: ChatRequest,
     logprobs: list[dict[str, Any]] | None,
+    chunk_tokens: int,
 ) -> AsyncIterator[bytes]:
-    # A client that disconnects cancels this generator at its current await, which leaves the
-    # `admit` block and frees the slot (or the place in the queue) at once.
+    # A client that disconnects closes this generator at its current await, which closes the
+    # token iterator and cancels the request in the engine (queue place or slot) at once. The
+    # request is submitted here, not before, so a stream never started never holds a slot.
     usage_field = chat.include_usage
-    async with engine.admit(prompt) as admission:
-        await admission.prefill()
-        for index in range(reply.completion_tokens):
-            await admission.decode()
-            if index == 0:
-                yield _sse(envelope.chunk({"role": "assistant", "content": ""}, with_usage_field=usage_field))
-            token_logprobs = logprobs[index] if logprobs is not None else None
-            yield _sse(
-                envelope.chunk(delta_for(reply, index), with_usage_field=usage_field, logprobs=token_logprobs)
-            )
+    sent = 0
+    opened = False
+    generation = engine.submit(engine_request)
+    try:
+        async with contextlib.aclosing(generation.tokens()) as progress:
+            async for decoded in progress:
+                if not opened:
+                    opened = True
+                    yield _sse(
+                        envelope.chunk({"role": "assistant", "content": ""}, with_usage_field=usage_field)
+                    )
+                while decoded - sent >= chunk_tokens or (
+                    decoded > sent and decoded >= reply.completion_tokens
+                ):
+                    end = min(decoded, sent + chunk_tokens)
+                    yield _sse(
+                        envelope.chunk(
+                            delta_for_range(reply, sent, end),
+                            with_usage_field=usage_field,
+                            logprobs=logprobs[sent:end] if logprobs is not None else None,
+                        )
+                    )
+                    sent = end
+    except EngineRejected as e:
+        yield _sse({"error": {"message": str(e)}})
+        return
     yield _sse(envelope.chunk({}, finish_reason=reply.finish_reason, with_usage_field=usage_field))
     if usage_field:
         yield _sse(envelope.usage_chunk(prompt, reply.completion_tokens))
     yield _sse("[DONE]")
 
 
-def serve(name: str, host: str, port: int, model: str = DEFAULT_MODEL, slots: int = 8) -> None:
-    """Runs one fake engine until SIGTERM or SIGINT; timing overrides come from $LUFTPAUSE_FAKE_ENGINE_TIMING."""
-    timing = timing_from_env(os.environ.get(TIMING_ENV, ""))
-    app = create_app(name=name, model=model, slots=slots, timing=timing)
+def serve(
+    name: str,
+    host: str,
+    port: int,
+    model: str = DEFAULT_MODEL,
+    slots: int | None = None,
+    metrics_flavour: str = "sglang",
+    time_scale: float = 1.0,
+    chunk_tokens: int = 1,
+) -> None:
+    """Runs one fake engine until SIGTERM or SIGINT; parameter overrides come from $LUFTPAUSE_FAKE_ENGINE_TIMING."""
+    params = params_from_env(os.environ.get(TIMING_ENV, ""))
+    app = create_app(
+        name=name,
+        model=model,
+        slots=slots,
+        params=params,
+        metrics_flavour=metrics_flavour,
+        time_scale=time_scale,
+        chunk_tokens=chunk_tokens,
+    )
     log.info(
-        "fake engine %s serving %s on http://%s:%d with %d slots (%s)", name, model, host, port, slots, timing
+        "fake engine %s serving %s on http://%s:%d (%s metrics, time scale %g, %d tokens a chunk, %s)",
+        name,
+        model,
+        host,
+        port,
+        metrics_flavour,
+        time_scale,
+        chunk_tokens,
+        app.state.engine.params,
     )
     # Streams last a fraction of a second, so a short grace period lets them finish on shutdown.
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=3)

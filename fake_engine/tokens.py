@@ -36,18 +36,24 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
+def message_tokens(message: Mapping[str, Any]) -> int:
+    """Tokens one chat message takes in the prompt, template overhead and tool calls included."""
+    total = MESSAGE_OVERHEAD_TOKENS + count_tokens(content_text(message.get("content")))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        total += count_tokens(str(function.get("name", ""))) + count_tokens(
+            str(function.get("arguments", ""))
+        )
+    return total
+
+
+def tools_tokens(tools: Iterable[Mapping[str, Any]]) -> int:
+    """Tokens the tool definitions take (a chat template writes them into the system prompt)."""
+    return sum(count_tokens(json.dumps(tool, sort_keys=True, separators=(",", ":"))) for tool in tools)
+
+
 def prompt_tokens(
     messages: Iterable[Mapping[str, Any]], tools: Iterable[Mapping[str, Any]] | None = None
 ) -> int:
     """Tokens the engine would prefill for this conversation and these tool definitions."""
-    total = 0
-    for message in messages:
-        total += MESSAGE_OVERHEAD_TOKENS + count_tokens(content_text(message.get("content")))
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
-            total += count_tokens(str(function.get("name", ""))) + count_tokens(
-                str(function.get("arguments", ""))
-            )
-    for tool in tools or ():
-        total += count_tokens(json.dumps(tool, sort_keys=True, separators=(",", ":")))
-    return total
+    return sum(message_tokens(m) for m in messages) + tools_tokens(tools or ())

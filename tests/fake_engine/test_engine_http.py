@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.fake_engine.model import EngineTiming
+from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.server import create_app
 
 LOOKUP = {
@@ -171,8 +171,8 @@ async def test_bad_requests_get_an_error_body_saying_what_is_wrong(
 
 
 async def test_with_one_slot_a_second_request_waits_in_the_engine_queue() -> None:
-    slow = EngineTiming(decode_per_token_s=0.02)
-    app = create_app(name="fake-q", model="fake-llama", slots=1, timing=slow)
+    slow = EngineParams(decode_base_s=0.02, decode_per_seq_s=0.0)
+    app = create_app(name="fake-q", model="fake-llama", slots=1, params=slow)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
         requests = [asyncio.create_task(c.post("/v1/chat/completions", json=body(f"q{i}"))) for i in range(2)]
         loop = asyncio.get_running_loop()
@@ -251,3 +251,38 @@ async def test_what_the_sglang_router_asks_of_a_worker(client: httpx.AsyncClient
         assert info["max_running_requests"] == 2
     assert (await client.get("/get_load")).json() == [{"dp_rank": 0, "num_tokens": 0}]
     assert (await client.get("/no/such/route")).json() == {"error": {"message": "Not Found"}}
+
+
+async def test_metrics_report_the_prefix_cache_in_sglang_and_vllm_names() -> None:
+    question = "Tell me about rivers. " * 40
+    follow_up = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "Rivers flow."},
+        {"role": "user", "content": "And lakes?"},
+    ]
+    seen = {}
+    for flavour in ("sglang", "vllm"):
+        app = create_app(name="fake-m", model="fake-llama", metrics_flavour=flavour)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
+            await c.post("/v1/chat/completions", json=body(question))
+            await c.post("/v1/chat/completions", json={"model": "fake-llama", "messages": follow_up})
+            seen[flavour] = await metrics(c)
+    first_message = len(question) // 4 + 4  # cached by the first turn, hit by the second
+    assert seen["sglang"]["sglang:cache_hit_rate"] > 0
+    assert set(seen["sglang"]) >= {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"}
+    vllm = seen["vllm"]
+    assert (vllm["vllm:num_requests_running"], vllm["vllm:num_requests_waiting"]) == (0, 0)
+    assert vllm["vllm:prefix_cache_hits_total"] == first_message
+    assert vllm["vllm:prefix_cache_queries_total"] > vllm["vllm:prefix_cache_hits_total"]
+    assert vllm["vllm:kv_cache_usage_perc"] == 0.0
+    assert not any(name.startswith("sglang:") for name in vllm)
+
+
+async def test_a_stream_sends_several_tokens_a_chunk_when_asked() -> None:
+    app = create_app(name="fake-c", model="fake-llama", chunk_tokens=8)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
+        r = await c.post("/v1/chat/completions", json=body(stream=True))
+    events = sse_events(r.text)
+    contents = [e["choices"][0]["delta"].get("content") for e in events[1:-2]]
+    assert len(contents) == 4  # 32 tokens, 8 a chunk
+    assert all(len(text.split()) == 8 for text in contents)

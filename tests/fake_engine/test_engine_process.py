@@ -51,7 +51,7 @@ def slow_engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         tmp_path_factory.mktemp("slow"),
         "fake-slow",
         slots=1,
-        timing="decode_per_token_s=0.1,reply_tokens=200",
+        timing="decode_base_s=0.1,reply_tokens=200",
     )
     with running(engine):
         yield url

@@ -1,0 +1,83 @@
+"""The engine model's parameters, in one place, with the reasoning behind each default.
+
+The defaults describe one replica of the description's test bed: SGLang serving Llama-3.2-1B
+FP8, two replicas sharing one 8 GB laptop GPU. They were calibrated once (see
+`bench/sim/CALIBRATION.md`) so that the class-blind router arms of the `flood` scenario land near
+the description's class-blind router row, and are not tuned afterwards. A separate process takes
+overrides from $LUFTPAUSE_FAKE_ENGINE_TIMING, written `field=value,field=value`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """What one engine replica can hold and how fast it works."""
+
+    slots: int = 0
+    """Running requests at most (SGLang's max_running_requests). 0 means as many as the KV pool
+    holds, which is SGLang's own behaviour on a small GPU: memory, not a request cap, limits it."""
+
+    kv_pool_tokens: int = 24576
+    """Tokens of KV memory. Half of what is left of 8 GB after two 1B FP8 models, graphs and
+    activations is about 0.75 GB per replica, at 32 KiB a token that is 24k tokens: room for about
+    nine turns of a flood run (2.3k prompt + 256 reserved for the reply) at once."""
+
+    default_max_tokens: int = 4096
+    """Reply reservation when a request sets no max_tokens. A large default is what made the
+    description's engine batch far fewer requests without a reply limit."""
+
+    prefill_base_s: float = 0.010
+    """Fixed cost of a prefill pass: scheduling the batch and launching kernels."""
+
+    prefill_per_token_s: float = 0.00005
+    """20k uncached prompt tokens a second: a 1B model's prefill on half a laptop GPU. A fresh
+    2k-token prompt costs a tenth of a second, during which the replica decodes nothing."""
+
+    decode_base_s: float = 0.008
+    """Time of one decode step with a single sequence: a small model is memory bound, so a step
+    costs about the same whatever the batch, plus the per-sequence part below."""
+
+    decode_per_seq_s: float = 0.003
+    """What each running sequence adds to a decode step (attention over its context, sampling,
+    the other replica competing for the same GPU). With nine running, a step takes 35 ms."""
+
+    reply_tokens: int = 32
+    """Length of a text answer when max_tokens allows: several stream chunks, yet a turn stays
+    short. A tool call is as long as its arguments' JSON."""
+
+    priority_scheduling: bool = False
+    """Whether the waiting queue is ordered by the request's `priority` (higher first, as SGLang's
+    --enable-priority-scheduling) before arrival. Off: first come, first served."""
+
+
+def params_from_env(spec: str, base: EngineParams | None = None) -> EngineParams:
+    """`base` (default: the defaults) with overrides written `field=value,field=value`.
+
+    Tests that need a slow engine in a separate process set these through the environment.
+    """
+    defaults = base or EngineParams()
+    overrides: dict[str, float | int | bool] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not hasattr(defaults, key):
+            known = ", ".join(f.name for f in fields(EngineParams))
+            raise ValueError(
+                f"bad engine timing override '{item}': expected field=value with field one of {known}"
+            )
+        kind = type(getattr(defaults, key))
+        text = value.strip()
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"bad engine timing override '{item}': {key} must be true or false")
+            overrides[key] = text.lower() in ("true", "1")
+            continue
+        try:
+            overrides[key] = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise ValueError(f"bad engine timing override '{item}': {key} must be {what}") from None
+    return replace(defaults, **overrides)
