@@ -43,7 +43,16 @@ def _runtime(args: argparse.Namespace) -> None:
 def _fake_engine(args: argparse.Namespace) -> None:
     from luftpause.fake_engine.server import serve
 
-    serve(name=args.name, host=args.host, port=args.port, model=args.model, slots=args.slots)
+    serve(
+        name=args.name,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        slots=args.slots,
+        metrics_flavour=args.metrics,
+        time_scale=args.time_scale,
+        chunk_tokens=args.chunk_tokens,
+    )
 
 
 def _fake_mcp(args: argparse.Namespace) -> None:
@@ -107,7 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=config.FAKE_ENGINE_PORTS[0])
     p.add_argument("--model", default=config.DEFAULT_MODEL)
-    p.add_argument("--slots", type=int, default=8, help="requests decoded at once; more wait in its queue")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="requests decoded at once, more wait in its queue (default: as many as its KV pool holds)",
+    )
+    p.add_argument("--metrics", choices=["sglang", "vllm"], default="sglang", help="/metrics names to imitate")
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply every modelled duration (0.1: ten times faster)"
+    )
+    p.add_argument("--chunk-tokens", type=int, default=1, help="tokens per streamed chunk (default 1)")
     p.set_defaults(func=_fake_engine)
 
     p = sub.add_parser("fake-mcp", help="a fake MCP tool server (lookup, deep_search)")
