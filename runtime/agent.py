@@ -1,22 +1,28 @@
 """The sub-agent loop: model turns through the dataplane, tool calls against the tool servers.
 
 Each turn sends the run's conversation to the dataplane with the tools the run may use. A reply
-with tool calls starts a tool round: the calls run one after another against the upstream MCP
-servers (holding no turn slot meanwhile: the engine only sees the next turn), their results are
-appended as role "tool" messages, and the round is journaled before the next turn is sent. A
-reply without tool calls is the run's answer. Once `maxToolCalls` calls are spent the model is
-offered no tools, so a run takes at most `maxToolCalls + 1` turns.
+with tool calls starts a tool round: the calls run against the upstream MCP servers (one after
+another, or all at once with spawn's `parallelToolCalls`), holding no turn slot meanwhile: the
+engine only sees the next turn. Their results are appended as role "tool" messages, and the
+round is journaled before the next turn is sent. A reply without tool calls is the run's answer.
+Once `maxToolCalls` calls are spent the model is offered no tools, so a run takes at most
+`maxToolCalls + 1` turns.
 
-The loop starts from whatever conversation the run holds, which is how a run restored from the
-journal resumes after its last complete tool round.
+The reply that asks for tools and each answered call are journaled as they happen, so the loop
+resumes after a restart from exactly where it was: a cut round runs only its unanswered calls.
+Budgets (budgets.py) are checked before each turn, after it, and before each call; a call of a
+tool that needs approval (approvals.py) waits for the user first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 from typing import Any
 
+from luftpause.runtime.approvals import DECLINED_TEXT, needs_approval
 from luftpause.runtime.llm import Dataplane, TurnFailed
 from luftpause.runtime.runs import Run, Runs
 from luftpause.runtime.tool_calls import (
@@ -72,18 +78,28 @@ class Agent:
                 ", ".join(missing),
                 "; ".join(unavailable) or "not listed",
             )
+        if run.pending_turn is not None:
+            # Resumed in the middle of a round: finish it before the next turn.
+            await self.tool_round(runs, run, run.pending_turn, self.allowed_tools(run))
         while run.running:
+            if not runs.check_budgets(run):
+                break
             tools = self.allowed_tools(run)
             offered = tools if tools and run.counters["toolCalls"] < run.spec.maxToolCalls else {}
+            started = time.monotonic()
             try:
                 reply = await self.dataplane.complete(self.request_body(run, offered), self.headers(run))
             except TurnFailed as e:
+                run.counters["turnSeconds"] += time.monotonic() - started
                 runs.finish(run, "failed", error=f"turn {run.counters['turns'] + 1} failed: {e}")
                 break
+            run.counters["turnSeconds"] += time.monotonic() - started
             run.counters["turns"] += 1
             usage = reply.get("usage") or {}
             run.counters["promptTokens"] += int(usage.get("prompt_tokens") or 0)
             run.counters["completionTokens"] += int(usage.get("completion_tokens") or 0)
+            if not runs.check_budgets(run):
+                break
 
             message = (reply["choices"][0] or {}).get("message") or {}
             content = message.get("content")
@@ -107,12 +123,38 @@ class Agent:
                         f"(tool-call budget {run.spec.maxToolCalls}) and gave no answer",
                     )
                 break
-            round_messages = [
-                {"role": "assistant", "content": content, "tool_calls": [c.as_message_part() for c in calls]}
-            ]
+            assistant = {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [c.as_message_part() for c in calls],
+            }
+            runs.record_turn(run, assistant)
+            await self.tool_round(runs, run, assistant, offered)
+
+    async def tool_round(
+        self, runs: Runs, run: Run, assistant: dict[str, Any], offered: dict[str, UpstreamTool]
+    ) -> None:
+        """Answers every call of `assistant` not answered yet, then journals the whole round."""
+        answered = {m.get("tool_call_id"): m for m in run.pending_results}
+        calls = [c for c in calls_in(assistant) if c.id not in answered]
+
+        async def answer(call: ToolCall) -> None:
+            message = await self.tool_round_step(runs, run, call, offered)
+            if message is not None:
+                answered[call.id] = message
+                runs.record_call(run, message)
+
+        if run.spec.parallelToolCalls:
+            await asyncio.gather(*(answer(c) for c in calls))
+        else:
             for call in calls:
-                round_messages.append(await self.tool_round_step(run, call, offered))
-            runs.record_round(run, round_messages)
+                await answer(call)
+                if not run.running:
+                    return
+        if not run.running:
+            return
+        ordered = [answered[c.id] for c in calls_in(assistant) if c.id in answered]
+        runs.record_round(run, [assistant, *ordered])
 
     def request_body(self, run: Run, offered: dict[str, UpstreamTool]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": run.spec.model or self.default_model, "messages": run.messages}
@@ -120,16 +162,21 @@ class Agent:
             body["max_tokens"] = run.spec.maxTokens
         if offered:
             body["tools"] = [t.openai() for t in offered.values()]
+            if run.spec.parallelToolCalls:
+                body["parallel_tool_calls"] = True
         return body
 
     async def tool_round_step(
-        self, run: Run, call: ToolCall, offered: dict[str, UpstreamTool]
-    ) -> dict[str, Any]:
-        """Runs one call (or refuses it) and returns the role "tool" message answering it."""
+        self, runs: Runs, run: Run, call: ToolCall, offered: dict[str, UpstreamTool]
+    ) -> dict[str, Any] | None:
+        """Runs one call (or refuses it) and returns the role "tool" message answering it; None
+        when the run ended meanwhile (cancelled, or over a budget)."""
         if run.counters["toolCalls"] >= run.spec.maxToolCalls:
             # Several calls in one reply can overrun the budget; the extra ones are not run.
             text = f"Error: not run: the tool-call budget of {run.spec.maxToolCalls} is spent; answer with what you have."
             return {"role": "tool", "tool_call_id": call.id, "content": text}
+        if not runs.check_budgets(run, calling_tool=True):
+            return None
         run.counters["toolCalls"] += 1
         failed = True
         tool = offered.get(call.name)
@@ -141,13 +188,28 @@ class Agent:
             except ArgumentError as e:
                 text = f"Error: {e}"
             else:
-                result = await self.tool_servers.call(tool, arguments)
-                failed = result.is_error
-                text = (
-                    f"Error: {result.text}"
-                    if result.is_error and not result.text.startswith("Error")
-                    else result.text
-                )
+                allowed = True
+                if needs_approval(tool.name, tool.annotations, run.spec.approveTools):
+                    try:
+                        allowed = await runs.ask_approval(run, call.id, tool.name, arguments)
+                    except asyncio.CancelledError:
+                        if not run.running:
+                            return None  # ended while waiting (cancelled, over budget)
+                        raise
+                if not run.running:
+                    return None
+                if not allowed:
+                    text = DECLINED_TEXT
+                else:
+                    started = time.monotonic()
+                    result = await self.tool_servers.call(tool, arguments)
+                    run.counters["toolSeconds"] += time.monotonic() - started
+                    failed = result.is_error
+                    text = (
+                        f"Error: {result.text}"
+                        if result.is_error and not result.text.startswith("Error")
+                        else result.text
+                    )
         if failed:
             run.counters["failedToolCalls"] += 1
             log.info("run %s: tool call %s failed: %s", run.handle, call.name, text[:200])

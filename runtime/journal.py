@@ -19,8 +19,25 @@ to the model, cancel returns), so a crash loses at most the step in progress. Ev
         The run ended: status is finished, failed or cancelled; result is the final answer
         (or null), error says why it failed (or null); the counters are final totals.
 
+A round in progress is journaled step by step too, so that a restart runs none of its finished
+calls again and asks no answered approval again:
+
+    {"v":1,"type":"turn","run":H,"at":T,"message":{...},<counters>}
+        A model reply that asks for tools: the assistant message with its tool_calls, written
+        before any of the calls runs.
+    {"v":1,"type":"call","run":H,"at":T,"message":{...},<counters>}
+        One call of that reply done: its role "tool" message.
+    {"v":1,"type":"approval","run":H,"at":T,"call":ID,"tool":NAME,"allow":B}
+        The user allowed (or declined) the call with this tool_call id.
+
+The round record that closes the round repeats its messages, so a reader that only knows
+spawned, round and finished still sees every complete round. Every record may carry the
+counters (toolCalls, failedToolCalls, turns, promptTokens, completionTokens, and turnSeconds,
+toolSeconds: seconds spent waiting on model turns and on tool calls), always as totals.
+
 A run's conversation is its spawned record's system and task messages followed by the messages
-of its rounds in order, which is what replay hands back to resume an unfinished run.
+of its rounds in order, then the pending turn and its finished calls if a round was cut short:
+this is what replay hands back to resume an unfinished run.
 
 Readers skip a line that is not a JSON object, with a warning: after a crash the last line may be
 torn. Unknown record types and unknown keys are ignored, so later versions can add both.
@@ -41,7 +58,38 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 FILE_NAME = "runs.jsonl"
 
-COUNTERS = ("toolCalls", "failedToolCalls", "turns", "promptTokens", "completionTokens")
+COUNTERS = (
+    "toolCalls",
+    "failedToolCalls",
+    "turns",
+    "promptTokens",
+    "completionTokens",
+    "turnSeconds",
+    "toolSeconds",
+)
+# Counters that are durations, kept as floats; the others are whole numbers.
+SECONDS_COUNTERS = ("turnSeconds", "toolSeconds")
+
+
+def new_counters() -> dict[str, float]:
+    return {k: 0.0 if k in SECONDS_COUNTERS else 0 for k in COUNTERS}
+
+
+def read_counters(record: dict[str, Any]) -> dict[str, float]:
+    """The counters a record carries, each as its type."""
+    out: dict[str, float] = {}
+    for k in COUNTERS:
+        if k in record:
+            try:
+                out[k] = float(record[k]) if k in SECONDS_COUNTERS else int(record[k])
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def rounded(counters: dict[str, float]) -> dict[str, float]:
+    """Counters as written: durations to the millisecond."""
+    return {k: round(v, 3) if k in SECONDS_COUNTERS else v for k, v in counters.items()}
 
 
 @dataclass
@@ -53,8 +101,13 @@ class ReplayedRun:
     caller: str | None
     spawned_at: float
     rounds: list[list[dict[str, Any]]] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    counters: dict[str, float] = field(default_factory=new_counters)
     finished: dict[str, Any] | None = None
+    # A round cut short: the assistant message asking for tools, and the calls already answered.
+    pending_turn: dict[str, Any] | None = None
+    pending_results: list[dict[str, Any]] = field(default_factory=list)
+    # Approval decisions by tool_call id.
+    decisions: dict[str, bool] = field(default_factory=dict)
 
 
 class Journal:
@@ -90,13 +143,22 @@ class Journal:
     def spawned(self, run: str, spec: dict[str, Any], caller: str | None) -> None:
         self.append("spawned", run, spec=spec, caller=caller)
 
-    def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, int]) -> None:
-        self.append("round", run, messages=messages, **counters)
+    def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, float]) -> None:
+        self.append("round", run, messages=messages, **rounded(counters))
+
+    def turn(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
+        self.append("turn", run, message=message, **rounded(counters))
+
+    def call(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
+        self.append("call", run, message=message, **rounded(counters))
+
+    def approval(self, run: str, call_id: str, tool: str, allow: bool) -> None:
+        self.append("approval", run, call=call_id, tool=tool, allow=allow)
 
     def finished(
-        self, run: str, status: str, result: str | None, error: str | None, counters: dict[str, int]
+        self, run: str, status: str, result: str | None, error: str | None, counters: dict[str, float]
     ) -> None:
-        self.append("finished", run, status=status, result=result, error=error, **counters)
+        self.append("finished", run, status=status, result=result, error=error, **rounded(counters))
 
     def close(self) -> None:
         self._file.close()
@@ -145,10 +207,20 @@ def replay_file(path: Path) -> list[ReplayedRun]:
         if run is None:
             log.warning("%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
             continue
-        if kind == "round" and run.finished is None:
+        if run.finished is not None:
+            continue
+        if kind == "round":
             run.rounds.append(list(record.get("messages") or []))
-            run.counters.update({k: int(record[k]) for k in COUNTERS if k in record})
-        elif kind == "finished" and run.finished is None:
+            run.pending_turn, run.pending_results = None, []
+        elif kind == "turn" and isinstance(record.get("message"), dict):
+            run.pending_turn, run.pending_results = record["message"], []
+        elif kind == "call" and isinstance(record.get("message"), dict) and run.pending_turn is not None:
+            run.pending_results.append(record["message"])
+        elif kind == "approval" and isinstance(record.get("call"), str):
+            run.decisions[record["call"]] = bool(record.get("allow"))
+        elif kind == "finished":
             run.finished = record
-            run.counters.update({k: int(record[k]) for k in COUNTERS if k in record})
+        else:
+            continue
+        run.counters.update(read_counters(record))
     return list(runs.values())

@@ -1,9 +1,10 @@
-"""The runtime's client of the dataplane: one chat-completion turn at a time, and run ends.
+"""The runtime's client of the dataplane: one chat-completion turn at a time, decisions, run ends.
 
 Turns go to `<dataplane>/v1/chat/completions`, not streamed, with the run's identity in the
 luftpause headers so that the scheduler sees every sub-agent turn as a turn of its run. A 429
 (a hosted API's rate limit, passed through) is retried after its Retry-After, else after 1 s,
-for as long as the run lives; any other failure ends the turn with `TurnFailed`.
+for as long as the run lives; any other failure ends the turn with `TurnFailed`. `decide` is one
+`POST /v1/decide`. With a token (`LUFTPAUSE_TOKEN`) every request carries it as a bearer.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class TurnFailed(Exception):
     """A turn got no usable reply; the message says what the dataplane or engine answered."""
 
 
+class DecideFailed(Exception):
+    """The dataplane could not decide; the message says what it answered."""
+
+
 class Dataplane:
     """HTTP client for the dataplane's OpenAI-compatible API."""
 
@@ -36,9 +41,13 @@ class Dataplane:
         base_url: str,
         timeout_s: float = TURN_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport)
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport, headers=headers
+        )
 
     async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """Sends one turn and returns the parsed completion; retries 429s, raises `TurnFailed`."""
@@ -72,6 +81,22 @@ class Dataplane:
             if not isinstance(reply, dict) or not reply.get("choices"):
                 raise TurnFailed("the dataplane's reply has no choices")
             return reply
+
+    async def decide(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """One classification through `POST /v1/decide`; its JSON answer, or `DecideFailed`."""
+        try:
+            response = await self._http.post(f"{self.base_url}/v1/decide", json=body, headers=headers)
+        except httpx.HTTPError as e:
+            raise DecideFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
+        if response.status_code >= 400:
+            raise DecideFailed(f"the dataplane answered {response.status_code}: {error_message(response)}")
+        try:
+            answer = response.json()
+        except ValueError:
+            raise DecideFailed("the dataplane's answer to decide is not JSON") from None
+        if not isinstance(answer, dict):
+            raise DecideFailed("the dataplane's answer to decide is not a JSON object")
+        return answer
 
     async def end_run(self, handle: str) -> None:
         """Tells the dataplane the run is over, so the scheduler forgets it now; failures are logged."""

@@ -1,13 +1,13 @@
 """The upstream MCP tool servers whose tools sub-agents call.
 
-One `mcp.Client` per configured server, over streamable HTTP, held open by a task of its own
+One `mcp.Client` per configured server, over streamable HTTP (`url`) or over stdio (`command`:
+the runtime starts the server as its child process), held open by a task of its own
 (the SDK's client must be entered and left in the same task) and shared by every run. At startup
 a background task per server connects and lists its tools, trying again every `RETRY_S` while the
 server is not up, so the runtime may start before its tool servers; the list is kept from then on.
 A transport failure during a call drops the connection and the next call reconnects; the call
-that hit it fails, and the model is told so.
-
-Servers configured with `command` (stdio) are not started yet: they are reported as unavailable.
+that hit it fails, and the model is told so. A call that takes longer than `CALL_TIMEOUT_S`
+fails the same way, so one hung tool server cannot hold a run forever.
 
 Tool names are global across servers: the first configured server offering a name wins.
 """
@@ -25,6 +25,7 @@ from typing import Any
 
 import mcp_types
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from luftpause.config import McpServer
@@ -36,6 +37,8 @@ RETRY_S = 1.0
 # How long after startup runs wait for tool servers that are not listed yet (they may be starting
 # alongside the runtime); later, a run starts at once with the tools that are listed.
 STARTUP_GRACE_S = 15.0
+# Longest one tool call may take before the model is told it failed.
+CALL_TIMEOUT_S = 300.0
 
 
 class ToolServerUnavailable(Exception):
@@ -50,6 +53,8 @@ class UpstreamTool:
     name: str
     description: str
     input_schema: dict[str, Any]
+    # The server's hints about the tool (readOnlyHint, destructiveHint, ...), by their wire names.
+    annotations: dict[str, Any] | None = None
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's function-calling format."""
@@ -68,8 +73,9 @@ class ToolResult:
 class ToolServer:
     """One upstream server: its connection and its tool list."""
 
-    def __init__(self, spec: McpServer) -> None:
+    def __init__(self, spec: McpServer, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.spec = spec
+        self.call_timeout_s = call_timeout_s
         self.name = spec.name
         self.tools: list[UpstreamTool] | None = None
         # Why the tools are not listed yet; None while the first attempt is under way.
@@ -82,10 +88,6 @@ class ToolServer:
 
     async def keep_listing(self) -> None:
         """Connects and lists the tools, trying again every `RETRY_S` until it succeeds."""
-        if self.spec.url is None:
-            self.problem = f"tool server {self.name}: stdio servers (command) are not supported yet"
-            log.warning("%s; its tools are not offered", self.problem)
-            return
         failures = 0
         while True:
             try:
@@ -106,6 +108,9 @@ class ToolServer:
                     name=t.name,
                     description=t.description or t.title or t.name,
                     input_schema=t.input_schema or {"type": "object", "properties": {}},
+                    annotations=t.annotations.model_dump(by_alias=True, exclude_none=True)
+                    if t.annotations is not None
+                    else None,
                 )
                 for t in listed
             ]
@@ -121,7 +126,12 @@ class ToolServer:
         try:
             async with self._lock:
                 client = await self._connected()
-            result = await client.call_tool(name, arguments)
+            result = await asyncio.wait_for(client.call_tool(name, arguments), self.call_timeout_s)
+        except TimeoutError:
+            await self._disconnect()
+            return ToolResult(
+                f"tool {name} on {self.name} gave no result within {self.call_timeout_s:.0f} s", is_error=True
+            )
         except MCPError as e:
             return ToolResult(f"tool {name} failed: {e}", is_error=True)
         except Exception as e:
@@ -132,17 +142,24 @@ class ToolServer:
     async def _connected(self) -> Client:
         if self._client is not None and self._holder is not None and not self._holder.done():
             return self._client
-        assert self.spec.url is not None
+        target: str | StdioServerParameters
+        if self.spec.url is not None:
+            target = self.spec.url
+        else:
+            assert self.spec.command
+            target = StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]))
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         release = asyncio.Event()
         self._release = release
-        self._holder = asyncio.create_task(self._hold(self.spec.url, ready, release), name=f"mcp:{self.name}")
+        self._holder = asyncio.create_task(self._hold(target, ready, release), name=f"mcp:{self.name}")
         self._client = await ready
         return self._client
 
-    async def _hold(self, url: str, ready: asyncio.Future[Client], release: asyncio.Event) -> None:
+    async def _hold(
+        self, target: str | StdioServerParameters, ready: asyncio.Future[Client], release: asyncio.Event
+    ) -> None:
         try:
-            async with Client(url) as client:
+            async with Client(target) as client:
                 ready.set_result(client)
                 await release.wait()
         except asyncio.CancelledError:
@@ -218,7 +235,7 @@ class ToolServers:
 
     async def listed(self, timeout_s: float) -> None:
         """Waits (at most `timeout_s`) until every server that can be listed has been."""
-        pending = [s.ready.wait() for s in self.servers if s.spec.url is not None and not s.ready.is_set()]
+        pending = [s.ready.wait() for s in self.servers if not s.ready.is_set()]
         if pending:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*pending), timeout_s)

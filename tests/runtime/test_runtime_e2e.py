@@ -20,7 +20,7 @@ from support import Service, free_port, wait_until
 
 from luftpause.fake_engine.replies import planned_tool_calls
 
-TOOLS = {"spawn", "await", "status", "cancel"}
+TOOLS = {"spawn", "await", "run", "status", "cancel", "approve", "tools", "decide"}
 
 
 def task_planning(calls: int, prefix: str) -> str:
@@ -226,8 +226,16 @@ async def test_the_journal_records_spawn_each_tool_round_and_the_end(runtime):
         (run,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
 
     records = [r for r in runtime.records() if r["run"] == handle]
-    assert [r["type"] for r in records] == ["spawned", "round", "round", "finished"]
-    spawned, round_one, _, finished = records
+    # Each round is journaled as it happens (the reply asking for a tool, the call's answer),
+    # then whole.
+    assert [r["type"] for r in records] == [
+        "spawned",
+        *["turn", "call", "round"] * 2,
+        "finished",
+    ]
+    spawned, turn, call_record, round_one = records[:4]
+    finished = records[-1]
+    assert round_one["messages"] == [turn["message"], call_record["message"]]
     assert spawned["spec"]["task"] == task and spawned["spec"]["maxTokens"] == 64
     assert spawned["spec"]["maxToolCalls"] == 8 and spawned["spec"]["serviceClass"] == "interactive"
     assistant, tool = round_one["messages"]

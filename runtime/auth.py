@@ -1,0 +1,65 @@
+"""The runtime's bearer token (`LUFTPAUSE_TOKEN`) and the CORS headers of its status document.
+
+With a token, `/mcp` and `GET /status` answer 401 with a JSON error unless the request carries
+`Authorization: Bearer <token>`; the comparison takes constant time. CORS preflights (OPTIONS)
+pass without the token, since browsers send them without credentials.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+TOKEN_ENV = "LUFTPAUSE_TOKEN"
+GUARDED_PREFIXES = ("/mcp", "/status")
+
+
+def cors_headers() -> dict[str, str]:
+    """Any page may read the status document (the scheduler's status page fetches it)."""
+    return {
+        "access-control-allow-origin": "*",
+        "access-control-allow-methods": "GET, OPTIONS",
+        "access-control-allow-headers": "authorization, content-type",
+        "access-control-max-age": "600",
+    }
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    if not header:
+        return False
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+class BearerAuth:
+    """ASGI middleware: the token on the guarded paths, or 401."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if not any(path == p or path.startswith(p + "/") for p in GUARDED_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        header = next(
+            (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None
+        )
+        if token_matches(header, self.token):
+            await self.app(scope, receive, send)
+            return
+        message = "missing bearer token" if not header else "invalid bearer token"
+        body = json.dumps({"error": {"message": f"{message}: send Authorization: Bearer <LUFTPAUSE_TOKEN>"}})
+        headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+        if path == "/status" or path.startswith("/status/"):
+            headers.extend((k.encode(), v.encode()) for k, v in cors_headers().items())
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body.encode()})

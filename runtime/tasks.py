@@ -1,0 +1,307 @@
+"""MCP Tasks (`io.modelcontextprotocol/tasks`, protocol 2026-07-28) for the run tool.
+
+A client that declares the extension on its `tools/call` of `run` gets a task at once instead of
+waiting for the run in the call (`resultType: "task"`, with the task's id, status and times).
+It then polls `tasks/get`: `working` while the run runs; `input_required` while one of its tool
+calls waits for approval, with the approval as an elicitation in `inputRequests`; `completed`
+once the run has ended, with the run as the tool result (`isError` when the run failed or was
+cancelled); `cancelled` after `tasks/cancel`. It answers an approval with `tasks/update`.
+Clients that do not declare the extension get `run` as one blocking call.
+
+Tasks are journaled to `tasks.jsonl` beside `runs.jsonl`, one JSON object per line, fsynced
+before the step is acknowledged:
+
+    {"v":1,"type":"created","task":ID,"run":H,"at":T}
+    {"v":1,"type":"closed","task":ID,"at":T,"status":S,"message":M}
+        The task reached a terminal status (completed, cancelled or failed).
+
+A task still open when the runtime stops is failed on restart (its run resumes as usual, and
+await on the run's handle still answers); a torn last line is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolRequestParams, CallToolResult, RequestParams, TextContent
+from pydantic import ConfigDict, ValidationError
+
+from luftpause.runtime.approvals import ApprovalForm, answer_of
+from luftpause.runtime.journal import read_records
+from luftpause.runtime.runs import Run, Runs, SpawnRefused, UnknownRun
+
+if TYPE_CHECKING:
+    from luftpause.runtime.server import Runtime
+
+log = logging.getLogger(__name__)
+
+IDENTIFIER = "io.modelcontextprotocol/tasks"
+TASKS_PROTOCOL_VERSIONS = frozenset({"2026-07-28"})
+FILE_NAME = "tasks.jsonl"
+POLL_INTERVAL_MS = 1000
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def approval_key(call_id: str) -> str:
+    """The inputRequests key of one approval; unique over the task's life, as the spec asks."""
+    return f"approve:{call_id}"
+
+
+def elicitation_request(run: Run, call_id: str) -> dict[str, Any] | None:
+    """The approval of one pending call as an `elicitation/create` input request."""
+    approval = run.approvals.get(call_id)
+    if approval is None:
+        return None
+    return {
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": approval.question(run.handle),
+            "requestedSchema": ApprovalForm.model_json_schema(),
+        },
+    }
+
+
+@dataclass
+class Task:
+    task_id: str
+    handle: str
+    created_at: float
+    updated_at: float
+    # Set when the task is terminal for a reason of its own (cancelled, or failed by a restart).
+    closed_status: str | None = None
+    closed_message: str | None = None
+
+
+class TaskParams(RequestParams):
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    taskId: str
+
+
+class UpdateTaskParams(TaskParams):
+    inputResponses: dict[str, Any] = {}
+
+
+class Tasks:
+    """Every task this runtime has handed out, and `tasks.jsonl`."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], runs: Runs) -> None:
+        self.path = Path(state_dir) / FILE_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.runs = runs
+        self._tasks: dict[str, Task] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _append(self, record_type: str, task: str, **fields: Any) -> None:
+        record = {"v": 1, "type": record_type, "task": task, "at": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def restore(self) -> None:
+        """Reads tasks.jsonl; a task left open by the last process is failed now."""
+        if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # the torn tail stays; the next record starts on its own line
+        open_tasks = []
+        for record in read_records(self.path):
+            task_id = record.get("task")
+            if not isinstance(task_id, str):
+                continue
+            if record.get("type") == "created" and isinstance(record.get("run"), str):
+                at = float(record.get("at") or 0.0)
+                self._tasks[task_id] = Task(task_id, record["run"], at, at)
+            elif record.get("type") == "closed" and task_id in self._tasks:
+                task = self._tasks[task_id]
+                task.closed_status = str(record.get("status") or "failed")
+                task.closed_message = record.get("message")
+                task.updated_at = float(record.get("at") or task.updated_at)
+        for task in self._tasks.values():
+            if task.closed_status is None:
+                open_tasks.append(task)
+        for task in open_tasks:
+            message = (
+                f"the runtime restarted while this task was open; its run {task.handle} goes on: "
+                "call await with that handle for its result"
+            )
+            self._close(task, "failed", message)
+        if open_tasks:
+            log.info("tasks: %d open tasks failed after the restart", len(open_tasks))
+
+    def _close(self, task: Task, status: str, message: str | None) -> None:
+        if task.closed_status is not None:
+            return
+        self._append("closed", task.task_id, status=status, message=message)
+        task.closed_status, task.closed_message, task.updated_at = status, message, time.time()
+
+    def create(self, run: Run) -> Task:
+        """A task for a run, journaled before it is returned."""
+        task = Task(f"task-{uuid.uuid4().hex}", run.handle, time.time(), time.time())
+        self._append("created", task.task_id, run=run.handle)
+        self._tasks[task.task_id] = task
+        watcher = asyncio.create_task(self._close_when_done(task, run), name=f"task:{task.task_id}")
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return task
+
+    async def _close_when_done(self, task: Task, run: Run) -> None:
+        await run.done.wait()
+        self._close(task, "completed", None)
+
+    def get(self, task_id: str) -> Task:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown task {task_id!r}")
+        return task
+
+    def detailed(self, task: Task) -> dict[str, Any]:
+        """The task as tasks/get answers it (a DetailedTask)."""
+        body: dict[str, Any] = {
+            "taskId": task.task_id,
+            "createdAt": iso(task.created_at),
+            "lastUpdatedAt": iso(task.updated_at),
+            "ttlMs": None,
+            "pollIntervalMs": POLL_INTERVAL_MS,
+        }
+        try:
+            run = self.runs.get(task.handle)
+        except UnknownRun:
+            run = None
+        if task.closed_status == "cancelled":
+            return {**body, "status": "cancelled", "statusMessage": task.closed_message}
+        if task.closed_status == "failed" or run is None:
+            message = task.closed_message or f"run {task.handle} is unknown to this runtime"
+            return {
+                **body,
+                "status": "failed",
+                "statusMessage": message,
+                "error": {"code": INTERNAL_ERROR, "message": message},
+            }
+        if not run.running:
+            return {
+                **body,
+                "status": "completed",
+                "lastUpdatedAt": iso(max(task.updated_at, task.created_at)),
+                "result": run_result(run).model_dump(by_alias=True, mode="json", exclude_none=True),
+            }
+        if run.approvals:
+            requests = {approval_key(c): elicitation_request(run, c) for c in list(run.approvals)}
+            return {
+                **body,
+                "status": "input_required",
+                "statusMessage": "a tool call waits for approval",
+                "inputRequests": {k: v for k, v in requests.items() if v is not None},
+            }
+        return {**body, "status": "working", "statusMessage": f"run {run.handle} is running"}
+
+    def update(self, task: Task, responses: dict[str, Any]) -> None:
+        """Applies approval answers from tasks/update; unknown or answered keys are ignored."""
+        run = self.runs.get(task.handle)
+        for key, response in responses.items():
+            if not key.startswith("approve:") or not isinstance(response, dict):
+                continue
+            decision = answer_of(str(response.get("action")), response.get("content"))
+            if decision is not None:
+                self.runs.decide_approval(run, decision, key.removeprefix("approve:"))
+        task.updated_at = time.time()
+
+    async def cancel(self, task: Task) -> None:
+        if task.closed_status is not None:
+            return
+        try:
+            await self.runs.cancel(task.handle, reason="cancelled through its task")
+        except UnknownRun:
+            pass
+        self._close(task, "cancelled", "cancelled by the client")
+
+    async def close(self) -> None:
+        for w in list(self._watchers):
+            w.cancel()
+        if self._watchers:
+            await asyncio.wait(list(self._watchers), timeout=5)
+        self._file.close()
+
+
+def run_result(run: Run) -> CallToolResult:
+    """A finished run as the run tool's result."""
+    view = run.view().model_dump(mode="json")
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(view))],
+        structured_content=view,
+        is_error=run.status != "finished",
+    )
+
+
+def declared_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether this request's client declared the Tasks extension (per request on 2026-07-28)."""
+    if ctx.protocol_version not in TASKS_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    declared = capabilities.extensions if capabilities is not None else None
+    return bool(declared) and IDENTIFIER in declared
+
+
+class TasksExtension(Extension):
+    """The Tasks extension through the SDK's Extension hook: the run tool's task, and tasks/*."""
+
+    identifier = IDENTIFIER
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @property
+    def tasks(self) -> Tasks:
+        return self.runtime.tasks
+
+    def methods(self) -> list[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", TaskParams, self._get, TASKS_PROTOCOL_VERSIONS),
+            MethodBinding("tasks/update", UpdateTaskParams, self._update, TASKS_PROTOCOL_VERSIONS),
+            MethodBinding("tasks/cancel", TaskParams, self._cancel, TASKS_PROTOCOL_VERSIONS),
+        ]
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if params.name != "run" or not declared_tasks(ctx):
+            return await call_next(ctx)
+        try:
+            spec = self.runtime.spec_from(dict(params.arguments or {}))
+            handle = await self.runtime.spawn(spec, self.runtime.caller_from(ctx))
+        except (ValidationError, SpawnRefused, UnknownRun, ValueError) as e:
+            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
+        task = self.tasks.create(self.runtime.runs.get(handle))
+        body = {
+            k: v
+            for k, v in self.tasks.detailed(task).items()
+            if k not in ("result", "error", "inputRequests")
+        }
+        return {"resultType": "task", **body}
+
+    async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
+        return {"resultType": "complete", **self.tasks.detailed(self.tasks.get(params.taskId))}
+
+    async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> HandlerResult:
+        self.tasks.update(self.tasks.get(params.taskId), params.inputResponses)
+        return {"resultType": "complete"}
+
+    async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
+        await self.tasks.cancel(self.tasks.get(params.taskId))
+        return {"resultType": "complete"}
