@@ -22,6 +22,9 @@ import grpc
 import grpc.aio
 import pytest
 import uvicorn
+
+# The whole stack as real processes, for the tests that need every piece real.
+from real_stack import real_stack  # noqa: F401
 from support import free_port
 
 from luftpause import config as lp_config

@@ -1,0 +1,171 @@
+"""A whole stack as real processes on loopback, for the failure contract, auth and decide.
+
+Processes: the scheduler, the dataplane (with `LUFTPAUSE_TOKEN` set), two scripted engines
+(`scripted_engine.py`: one answering as each request's script says, one reporting a queue so
+every turn for it is held), a fake engine as a generative replica and another as a single-pass
+classifier. A third generative replica, "ghost", answered its first health probe and then
+closed its port; the scheduler probes only once every ten minutes, so it stays in rotation and
+is the unreachable engine. Replicas and their models:
+
+    scripted  scripted-llama   key from SCRIPTED_KEY          (scripted engine)
+    plain     plain-llama      no key                         (the same scripted engine)
+    busy      busy-llama       reports a queue: turns held    (scripted engine --busy)
+    ghost     ghost-llama      port closed after one probe
+    fake-a    fake-llama       generative fake engine
+    classify  fake-classifier  single-pass fake engine
+
+The stack is shared by every test that asks for it (one start for the session): each test
+tags its requests and reads the scripted engine's log by tag.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support import Ports, Service, free_port, running, wait_until, write_config
+
+TOKEN = "test-token-0123456789"
+ENGINE_KEY = "engine-key-for-scripted"
+SCRIPTED_ENGINE = Path(__file__).resolve().parent / "scripted_engine.py"
+
+
+class _HealthOnly(BaseHTTPRequestHandler):
+    """Answers every GET with 200 and an empty body: enough for a replica to pass its first probe."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class ScriptProcess(Service):
+    """A service that is a Python script of the tests rather than a luftpause subcommand."""
+
+    def start(self, env: dict[str, str] | None = None) -> ScriptProcess:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, *self.args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        return self
+
+
+def replica(name: str, port: int, model: str, extra: str = "") -> str:
+    return f'\n[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["{model}"]\n{extra}'
+
+
+@dataclass
+class RealStack:
+    ports: Ports
+    scripted_port: int
+    dataplane: str
+    status_url: str
+    dataplane_service: Service
+    scheduler_service: Service
+    tmp: Path
+
+    def client(self, token: str | None = TOKEN) -> httpx.Client:
+        auth = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.dataplane, headers=auth, timeout=30)
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(self.status_url, timeout=5).json()
+
+    def run_phase(self, run_id: str) -> str | None:
+        r = httpx.get(f"{self.status_url}/runs/{run_id}", timeout=5)
+        return r.json()["phase"] if r.status_code == 200 else None
+
+    def engine_log(self, tag: str) -> list[dict[str, Any]]:
+        entries = httpx.get(f"http://127.0.0.1:{self.scripted_port}/_log", timeout=5).json()
+        return [e for e in entries if e["tag"] == tag]
+
+    def turns_counted(self, route: str, outcome: str) -> float:
+        """The dataplane's own count of turns on `route` that ended with `outcome`."""
+        text = httpx.get(f"{self.dataplane}/metrics", timeout=5).text
+        wanted = f'luftpause_dataplane_turns_total{{outcome="{outcome}",route="{route}"}}'
+        for line in text.splitlines():
+            if line.startswith(wanted):
+                return float(line.split()[-1])
+        raise AssertionError(f"{wanted} is not in /metrics")
+
+    def settled(self) -> bool:
+        doc = self.status()
+        return sum(r["in_flight"] for r in doc["replicas"]) == 0 and doc["held"]["count"] == 0
+
+
+@pytest.fixture(scope="session")
+def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+    tmp = tmp_path_factory.mktemp("dataplane-real-stack")
+    ports = Ports(engines=[])
+    scripted_port, busy_port, fake_port, classify_port = (free_port() for _ in range(4))
+    ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), _HealthOnly)
+    threading.Thread(target=ghost.serve_forever, daemon=True).start()
+    replicas = "".join(
+        [
+            replica("scripted", scripted_port, "scripted-llama", 'api_key_env = "SCRIPTED_KEY"\n'),
+            replica("plain", scripted_port, "plain-llama"),
+            replica("busy", busy_port, "busy-llama"),
+            replica("ghost", ghost.server_port, "ghost-llama", 'metrics = "none"\n'),
+            replica("fake-a", fake_port, "fake-llama"),
+            replica("classify", classify_port, "fake-classifier", 'kind = "single-pass"\n'),
+        ]
+    )
+    path = write_config(tmp, ports, extra=replicas)
+    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 600\n", 1))
+
+    engines = [
+        ScriptProcess("scripted", [str(SCRIPTED_ENGINE), "--port", str(scripted_port)], tmp / "scripted.log"),
+        ScriptProcess("busy", [str(SCRIPTED_ENGINE), "--port", str(busy_port), "--busy"], tmp / "busy.log"),
+        Service("fake-a", ["fake-engine", "--name", "fake-a", "--port", str(fake_port)], tmp / "fake-a.log"),
+        Service(
+            "classify",
+            ["fake-engine", "--name", "classify", "--model", "fake-classifier", "--port", str(classify_port)],
+            tmp / "classify.log",
+        ),
+    ]
+    scheduler = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log")
+    dataplane = Service("dataplane", ["dataplane", "--config", str(path)], tmp / "dataplane.log")
+    status_url = f"http://127.0.0.1:{ports.status}/status"
+    dataplane_url = f"http://127.0.0.1:{ports.dataplane}"
+    try:
+        with running(*engines, scheduler, dataplane):
+            for engine in engines:
+                engine.start()
+            for engine, port in zip(
+                engines, (scripted_port, busy_port, fake_port, classify_port), strict=True
+            ):
+                engine.wait_http(f"http://127.0.0.1:{port}/health")
+            scheduler.start()
+            dataplane.start(env={"LUFTPAUSE_TOKEN": TOKEN, "SCRIPTED_KEY": ENGINE_KEY})
+            scheduler.wait_http(status_url)
+            dataplane.wait_http(f"{dataplane_url}/health")
+
+            def all_probed() -> bool:
+                return all(r["probed"] and r["healthy"] for r in httpx.get(status_url).json()["replicas"])
+
+            wait_until(all_probed, what="every replica to pass its first probe")
+            ghost.shutdown()
+            ghost.server_close()
+            wait_until(
+                lambda: httpx.get(f"{dataplane_url}/health").json()["scheduler"] == "connected",
+                what="the dataplane to connect to the scheduler",
+            )
+            yield RealStack(ports, scripted_port, dataplane_url, status_url, dataplane, scheduler, tmp)
+    finally:
+        ghost.server_close()

@@ -1,0 +1,180 @@
+"""A scripted engine, run as its own process, for the dataplane's end-to-end failure tests.
+
+The fake engine models a healthy engine; this one misbehaves on request. Each chat completion
+says in its body (which the dataplane passes through unchanged) what the engine should do:
+
+    "script": "reply"      a whole reply, or a stream of three chunks and [DONE] (the default)
+              "tool_calls" a reply asking for tools with the ids in "call_ids"
+              "refuse"     at once, the status in "status" with an error body and Retry-After
+              "break"      a 200 stream of two chunks, then the connection closed mid-reply
+              "hang"       a 200 stream of one chunk, then nothing until the client leaves
+    "tag":    a name the test finds its request by in the log
+
+`GET /_log` answers every request received so far: its tag, headers, body and whether the
+client (the dataplane) went away before the engine was done. `GET /metrics` reports load in
+SGLang's names; with `--busy` the engine reports a waiting queue and nothing running, which
+caps our turns there at zero, so every turn for it is held. `--certfile/--keyfile` serve https.
+
+    python tests/dataplane/scripted_engine.py --port 9999 [--busy] [--certfile C --keyfile K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+import uvicorn
+
+Scope = dict[str, Any]
+
+REFUSAL = {"error": {"message": "scripted refusal", "type": "scripted"}}
+
+
+def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    payload = {
+        "id": "scripted-1",
+        "object": "chat.completion.chunk",
+        "model": "scripted",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _completion(request: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": "hello"}
+    finish = "stop"
+    if request.get("script") == "tool_calls":
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+                for i in request.get("call_ids", [])
+            ],
+        }
+        finish = "tool_calls"
+    return {
+        "id": "scripted-1",
+        "object": "chat.completion",
+        "model": "scripted",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+
+
+class ScriptedEngine:
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+        self.log: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path == "/health":
+            await self._json(send, 200, {"status": "ok"})
+        elif method == "GET" and path == "/metrics":
+            waiting = 1 if self.busy else 0
+            text = f"sglang:num_running_reqs 0\nsglang:num_queue_reqs {waiting}\n"
+            await self._send(send, 200, [(b"content-type", b"text/plain")], text.encode())
+        elif method == "GET" and path == "/_log":
+            await self._json(send, 200, self.log)
+        elif method == "POST" and path == "/v1/chat/completions":
+            await self._chat(scope, receive, send)
+        else:
+            await self._json(send, 404, {"error": {"message": f"no route {method} {path}"}})
+
+    async def _chat(self, scope: Scope, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body)
+        entry: dict[str, Any] = {
+            "tag": request.get("tag", ""),
+            "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
+            "body": body.decode(),
+            "disconnected": False,
+        }
+        self.log.append(entry)
+        script = request.get("script", "reply")
+        if script == "refuse":
+            headers = [(b"content-type", b"application/json")]
+            if "retry_after" in request:
+                headers.append((b"retry-after", str(request["retry_after"]).encode()))
+            await self._send(send, int(request.get("status", 500)), headers, json.dumps(REFUSAL).encode())
+            return
+        if not request.get("stream") and script in ("reply", "tool_calls"):
+            await self._json(send, 200, _completion(request))
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        if script == "break":
+            for piece in (_chunk({"role": "assistant", "content": "a"}), _chunk({"content": "b"})):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            # Returning with the response unfinished makes uvicorn close the connection mid-reply.
+            return
+        if script == "hang":
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": _chunk({"role": "assistant", "content": "a"}),
+                    "more_body": True,
+                }
+            )
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            entry["disconnected"] = True
+            return
+        pieces = [
+            _chunk({"role": "assistant", "content": "hel"}),
+            _chunk({"content": "lo"}),
+            _chunk({}, "stop"),
+            b"data: [DONE]\n\n",
+        ]
+        for piece in pieces:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _json(self, send: Any, status: int, payload: Any) -> None:
+        await self._send(send, status, [(b"content-type", b"application/json")], json.dumps(payload).encode())
+
+    @staticmethod
+    async def _send(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--certfile")
+    parser.add_argument("--keyfile")
+    args = parser.parse_args()
+    config = uvicorn.Config(
+        ScriptedEngine(args.busy),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        ssl_certfile=args.certfile,
+        ssl_keyfile=args.keyfile,
+    )
+    asyncio.run(uvicorn.Server(config).serve())
+
+
+if __name__ == "__main__":
+    main()
