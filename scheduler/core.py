@@ -48,7 +48,6 @@ re-evaluated after each placement, since placing a turn changes its caller's cou
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -69,7 +68,19 @@ from luftpause.scheduler.events import (
     TurnFailed,
     TurnStarted,
 )
-from luftpause.scheduler.state import Kind, Phase, Replica, Run, ServiceClass, State, Turn, TurnStatus
+from luftpause.scheduler.ordered import EMPTY
+from luftpause.scheduler.state import (
+    Group,
+    Kind,
+    Lane,
+    Phase,
+    Replica,
+    Run,
+    ServiceClass,
+    State,
+    Turn,
+    TurnStatus,
+)
 
 # A placed turn whose end is never reported (the dataplane crashed mid-turn) is dropped after this.
 TURN_TIMEOUT_S = 600.0
@@ -78,17 +89,33 @@ RUN_IDLE_EXPIRY_S = 1800.0
 
 Decision = tuple[State, tuple[Action, ...]]
 
+_HELD = TurnStatus.HELD
+_PLACED = TurnStatus.PLACED
+_IDLE = Phase.IDLE
+_PAUSED = Phase.PAUSED
+_GENERATING = Phase.GENERATING
+_INTERACTIVE = ServiceClass.INTERACTIVE
+_BATCH = ServiceClass.BATCH
+_GENERATIVE = Kind.GENERATIVE
+
 
 def decide(state: State, event: Event) -> Decision:
     """The one entry point: the state after `event`, and what the host must do about it."""
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise TypeError(f"decide: not a scheduler event: {event!r}")
+    tx = _Tx(state)
     # Events from different sources (prober, clock, Admit) may be stamped slightly out of order;
     # the state's clock only moves forward.
-    state = dataclasses.replace(state, now=max(state.now, event.at))
-    state, actions = handler(state, event)
-    return state, tuple(actions)
+    if event.at > tx.now:
+        tx.now = event.at
+    actions: list[Action] = []
+    handler(tx, event, actions)
+    # After every decision no held turn has anywhere to go (the drain saw to it), and an event
+    # that only marks a turn's progress frees no room; anything else may, so the drain looks.
+    if tx.held_groups and handler is not _turn_progressed:
+        _drain(tx, actions)
+    return tx.freeze(), tuple(actions)
 
 
 def refusal_message(kind: Kind, model: str) -> str:
@@ -96,186 +123,245 @@ def refusal_message(kind: Kind, model: str) -> str:
     return f"no {kind.title} replica serves model '{model}'"
 
 
+def replay(events: Iterable[Event], state: State | None = None) -> tuple[State, list[Action]]:
+    """Feeds `events` in order from `state` (default: empty); returns the final state and every action."""
+    state = state if state is not None else State()
+    actions: list[Action] = []
+    for event in events:
+        state, out = decide(state, event)
+        actions.extend(out)
+    return state, actions
+
+
+class _Tx:
+    """One decision's working copy of the state: the same fields, rebound as they change.
+
+    Every field holds an immutable value, so the state handed in is never touched; `freeze`
+    makes the new one. Only the helpers below change the facts (turns, runs), and each keeps
+    the indexes that depend on what it changed current.
+    """
+
+    __slots__ = State._fields
+
+    def __init__(self, s: State) -> None:
+        (
+            self.replicas,
+            self.order,
+            self.runs,
+            self.turns,
+            self.next_seq,
+            self.now,
+            self.serving,
+            self.routers_of,
+            self.in_flight_by_replica,
+            self.in_flight_by_caller,
+            self.paused_by_replica,
+            self.held_queues,
+            self.held_groups,
+            self.caller_groups,
+            self.lanes,
+            self.run_lanes,
+            self.run_open,
+            self.run_placed,
+            self.placed_order,
+            self.quiet_order,
+        ) = s
+
+    def freeze(self) -> State:
+        return State(
+            self.replicas,
+            self.order,
+            self.runs,
+            self.turns,
+            self.next_seq,
+            self.now,
+            self.serving,
+            self.routers_of,
+            self.in_flight_by_replica,
+            self.in_flight_by_caller,
+            self.paused_by_replica,
+            self.held_queues,
+            self.held_groups,
+            self.caller_groups,
+            self.lanes,
+            self.run_lanes,
+            self.run_open,
+            self.run_placed,
+            self.placed_order,
+            self.quiet_order,
+        )
+
+
 # --- event handlers ---------------------------------------------------------------------------
 
 
-def _pool_configured(state: State, e: PoolConfigured) -> tuple[State, list[Action]]:
+def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
     replicas: dict[str, Replica] = {}
+    serving: dict[tuple[Kind, str], list[str]] = {}
+    routers_of: dict[str, list[str]] = {}
     for spec in e.replicas:
-        old = state.replicas.get(spec.name)
         fresh = Replica(
             name=spec.name,
             url=spec.url,
             kind=spec.kind,
             models=frozenset(spec.models),
-            reports_load=spec.reports_load,
+            reports_load=spec.reports_load or bool(spec.load_from),
             load_from=spec.load_from,
         )
+        old = tx.replicas.get(spec.name)
         if old is not None:
             # A replica that stays in the pool keeps what its probes said.
             fresh = dataclasses.replace(
                 fresh, healthy=old.healthy, probed=old.probed, running=old.running, waiting=old.waiting
             )
         replicas[spec.name] = fresh
-    state = dataclasses.replace(state, replicas=Map(replicas), order=tuple(s.name for s in e.replicas))
+        for model in spec.models:
+            serving.setdefault((spec.kind, model), []).append(spec.name)
+        for engine in spec.load_from:
+            routers_of.setdefault(engine, []).append(spec.name)
+    tx.replicas = Map(replicas)
+    tx.order = tuple(s.name for s in e.replicas)
+    tx.serving = Map({k: tuple(v) for k, v in serving.items()})
+    tx.routers_of = Map({k: tuple(v) for k, v in routers_of.items()})
+    for name in tx.order:
+        if replicas[name].load_from:
+            _refresh_router(tx, name)
 
-    actions: list[Action] = []
-    turns = state.turns.mutate()
-    for turn in sorted(state.turns.values(), key=lambda t: t.seq):
-        if turn.status is TurnStatus.PLACED and turn.replica not in replicas:
-            del turns[turn.turn_id]  # its replica left the pool: nothing to count it against
-        elif turn.status is TurnStatus.HELD and not _serving(state, turn.kind, turn.model):
-            del turns[turn.turn_id]
+    kept: list[Turn] = []
+    for turn in sorted(tx.turns.values(), key=lambda t: t.seq):
+        if turn.status is _PLACED and turn.replica not in replicas:
+            continue  # its replica left the pool: nothing to count it against
+        if turn.status is _HELD and not tx.serving.get((turn.kind, turn.model)):
             actions.append(Refuse(turn.turn_id, turn.run_id, refusal_message(turn.kind, turn.model)))
-    state = dataclasses.replace(state, turns=turns.finish())
-    return _drain(state, actions)
+            continue
+        kept.append(turn)
+    _rebuild(tx, list(tx.runs.values()), kept)
 
 
-def _replica_probed(state: State, e: ReplicaProbed) -> tuple[State, list[Action]]:
-    replica = state.replicas.get(e.name)
+def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
+    replica = tx.replicas.get(e.name)
     if replica is None:
-        return state, []
-    # A probe that could not read the load leaves the last reading standing: forgetting it would
-    # uncap a queueing engine because of one lost /metrics answer.
-    replica = dataclasses.replace(
-        replica,
-        healthy=e.healthy,
-        probed=True,
-        running=e.running if e.running is not None else replica.running,
-        waiting=e.waiting if e.waiting is not None else replica.waiting,
-    )
-    state = dataclasses.replace(state, replicas=state.replicas.set(e.name, replica))
-    return _drain(state, [])
+        return
+    if replica.load_from:
+        # A router's own reading is not its engines' load: only its health counts.
+        replica = dataclasses.replace(replica, healthy=e.healthy, probed=True)
+    else:
+        # A probe that could not read the load leaves the last reading standing: forgetting it
+        # would uncap a queueing engine because of one lost /metrics answer.
+        replica = dataclasses.replace(
+            replica,
+            healthy=e.healthy,
+            probed=True,
+            running=e.running if e.running is not None else replica.running,
+            waiting=e.waiting if e.waiting is not None else replica.waiting,
+        )
+    tx.replicas = tx.replicas.set(e.name, replica)
+    if replica.load_from:
+        _refresh_router(tx, e.name)
+    for router in tx.routers_of.get(e.name, ()):
+        _refresh_router(tx, router)
 
 
-def _turn_arrived(state: State, e: TurnArrived) -> tuple[State, list[Action]]:
-    known = state.turns.get(e.turn_id)
+def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
+    known = tx.turns.get(e.turn_id)
     if known is not None:
         # A retried admission: a placed turn gets its placement again; a held one keeps waiting.
-        if known.status is TurnStatus.PLACED:
+        if known.status is _PLACED:
             assert known.replica is not None and known.placed_at is not None
-            url = state.replicas[known.replica].url
-            return state, [
+            url = tx.replicas[known.replica].url
+            actions.append(
                 Place(known.turn_id, known.run_id, known.replica, url, known.placed_at - known.arrived_at)
-            ]
-        return state, []
-    if not _serving(state, e.kind, e.model):
-        return state, [Refuse(e.turn_id, e.run_id, refusal_message(e.kind, e.model))]
-
-    turn = Turn(
-        turn_id=e.turn_id,
-        run_id=e.run_id,
-        service_class=e.service_class,
-        caller=e.caller,
-        model=e.model,
-        kind=e.kind,
-        arrived_at=e.at,
-        seq=state.next_seq,
-    )
-    state = dataclasses.replace(state, turns=state.turns.set(e.turn_id, turn), next_seq=state.next_seq + 1)
+            )
+        return
+    if not tx.serving.get((e.kind, e.model)):
+        actions.append(Refuse(e.turn_id, e.run_id, refusal_message(e.kind, e.model)))
+        return
+    turn = Turn(e.turn_id, e.run_id, e.service_class, e.caller, e.model, e.kind, e.at, tx.next_seq)
+    tx.next_seq += 1
     if _tracks_run(turn):
-        run = state.runs.get(e.run_id)
+        run = tx.runs.get(e.run_id)
+        # The class and caller are per turn; the run carries the latest.
         if run is None:
-            run = Run(e.run_id, e.service_class, e.caller, last_activity=e.at)
+            run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at)
         else:
-            # The class and caller are per turn; the run carries the latest.
-            run = dataclasses.replace(run, service_class=e.service_class, caller=e.caller, last_activity=e.at)
-        state = dataclasses.replace(state, runs=state.runs.set(e.run_id, run))
-    return _drain(state, [])
+            run = Run(e.run_id, e.service_class, e.caller, run.phase, run.replica, e.at)
+        _set_run(tx, e.run_id, run)
+    _add_turn(tx, turn)
 
 
-def _turn_progressed(state: State, e: TurnStarted | FirstToken) -> tuple[State, list[Action]]:
-    return _touch_run(state, e.run_id, e.at), []
+def _turn_progressed(tx: _Tx, e: TurnStarted | FirstToken, actions: list[Action]) -> None:
+    run = tx.runs.get(e.run_id)
+    if run is not None:
+        _set_run(tx, e.run_id, Run(run.run_id, run.service_class, run.caller, run.phase, run.replica, e.at))
 
 
-def _turn_completed(state: State, e: TurnCompleted) -> tuple[State, list[Action]]:
-    return _end_turn(state, e.turn_id, e.at, Phase.PAUSED if e.paused_on_tool else Phase.IDLE)
+def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
+    _end_turn(tx, e.turn_id, e.at, _PAUSED if e.paused_on_tool else _IDLE)
 
 
-def _turn_failed(state: State, e: TurnFailed | TurnAbandoned) -> tuple[State, list[Action]]:
-    return _end_turn(state, e.turn_id, e.at, Phase.IDLE)
+def _turn_failed(tx: _Tx, e: TurnFailed | TurnAbandoned, actions: list[Action]) -> None:
+    _end_turn(tx, e.turn_id, e.at, _IDLE)
 
 
-def _run_ended(state: State, e: RunEnded) -> tuple[State, list[Action]]:
-    if e.run_id not in state.runs:
-        return state, []
-    # Its turns still open stay counted: they hold engine slots until reported done.
-    return dataclasses.replace(state, runs=state.runs.delete(e.run_id)), [RunForgotten(e.run_id, "ended")]
+def _run_ended(tx: _Tx, e: RunEnded, actions: list[Action]) -> None:
+    if e.run_id in tx.runs:
+        # Its turns still open stay counted: they hold engine slots until reported done.
+        _set_run(tx, e.run_id, None)
+        actions.append(RunForgotten(e.run_id, "ended"))
 
 
-def _tick(state: State, e: Tick) -> tuple[State, list[Action]]:
-    actions: list[Action] = []
-    expired = sorted(
-        (t for t in state.placed() if t.placed_at is not None and e.at - t.placed_at >= TURN_TIMEOUT_S),
-        key=lambda t: t.seq,
-    )
-    for turn in expired:
-        assert turn.replica is not None
-        state, _ = _end_turn(state, turn.turn_id, e.at, Phase.IDLE, drain=False, touch=False)
+def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
+    # Both indexes are oldest first: each loop stops at the first entry not yet due.
+    while tx.placed_order:
+        placed_at, _, turn_id = tx.placed_order.first()
+        if e.at - placed_at < TURN_TIMEOUT_S:
+            break
+        turn = _end_turn(tx, turn_id, e.at, _IDLE, touch=False)
+        assert turn is not None and turn.replica is not None
         actions.append(TurnExpired(turn.turn_id, turn.run_id, turn.replica))
-
-    busy = {t.run_id for t in state.turns.values()}
-    quiet = sorted(
-        r.run_id
-        for r in state.runs.values()
-        if r.run_id not in busy and e.at - r.last_activity >= RUN_IDLE_EXPIRY_S
-    )
-    if quiet:
-        runs = state.runs.mutate()
-        for run_id in quiet:
-            del runs[run_id]
-            actions.append(RunForgotten(run_id, "idle"))
-        state = dataclasses.replace(state, runs=runs.finish())
-    # A forgotten paused run frees the slot batch was keeping for it, so this may place turns too.
-    if expired or quiet:
-        return _drain(state, actions)
-    return state, actions
+    while tx.quiet_order:
+        last_activity, run_id = tx.quiet_order.first()
+        if e.at - last_activity < RUN_IDLE_EXPIRY_S:
+            break
+        # A forgotten paused run frees the slot batch was keeping for it; the drain sees that.
+        _set_run(tx, run_id, None)
+        actions.append(RunForgotten(run_id, "idle"))
 
 
-def _resynced(state: State, e: Resynced) -> tuple[State, list[Action]]:
-    runs = {
-        r.run_id: Run(
-            run_id=r.run_id,
-            service_class=r.service_class,
-            caller=r.caller,
-            phase=r.phase,
-            replica=r.replica or None,
-            last_activity=e.at - max(r.idle_s, 0.0),
-        )
+def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
+    runs = [
+        Run(r.run_id, r.service_class, r.caller, r.phase, r.replica or None, e.at - max(r.idle_s, 0.0))
         for r in e.runs
-    }
+    ]
     # Held turns are ours alone (their Admit calls are open here); placed ones are the dataplane's word.
-    turns = {t.turn_id: t for t in state.turns.values() if t.status is TurnStatus.HELD}
-    actions: list[Action] = []
-    seq = state.next_seq
+    turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD}
     for r in e.turns:
-        replica = state.replicas.get(r.replica)
+        replica = tx.replicas.get(r.replica)
         if replica is None:
             continue  # a replica no longer in the pool: nothing to count it against
         held = turns.get(r.turn_id)
-        turns[r.turn_id] = Turn(
-            turn_id=r.turn_id,
-            run_id=r.run_id,
-            service_class=r.service_class,
-            caller=r.caller,
-            model=r.model,
-            kind=r.kind,
-            arrived_at=held.arrived_at if held else e.at,
-            seq=held.seq if held else seq,
-            status=TurnStatus.PLACED,
-            replica=r.replica,
-            placed_at=e.at,
-        )
         if held is not None:
             # The dataplane already runs a turn we were holding: answer its open Admit with that.
             actions.append(Place(r.turn_id, r.run_id, r.replica, replica.url, e.at - held.arrived_at))
         else:
-            seq += 1
-    state = dataclasses.replace(state, runs=Map(runs), turns=Map(turns), next_seq=seq)
-    return _drain(state, actions)
+            tx.next_seq += 1
+        turns[r.turn_id] = Turn(
+            r.turn_id,
+            r.run_id,
+            r.service_class,
+            r.caller,
+            r.model,
+            r.kind,
+            held.arrived_at if held else e.at,
+            held.seq if held else tx.next_seq - 1,
+            _PLACED,
+            r.replica,
+            e.at,
+        )
+    _rebuild(tx, runs, sorted(turns.values(), key=lambda t: t.seq))
 
 
-_HANDLERS: dict[type, Callable[[State, Any], tuple[State, list[Action]]]] = {
+_HANDLERS: dict[type, Callable[[_Tx, Any, list[Action]], None]] = {
     PoolConfigured: _pool_configured,
     ReplicaProbed: _replica_probed,
     TurnArrived: _turn_arrived,
@@ -290,144 +376,343 @@ _HANDLERS: dict[type, Callable[[State, Any], tuple[State, list[Action]]]] = {
 }
 
 
-# --- turns and runs ---------------------------------------------------------------------------
+# --- replicas ---------------------------------------------------------------------------------
+
+
+def _refresh_router(tx: _Tx, name: str) -> None:
+    """A router's load: the sums of its engines' last readings (None while none of them has one)."""
+    router = tx.replicas[name]
+    engines = [tx.replicas[n] for n in router.load_from if n in tx.replicas]
+    running = [r.running for r in engines if r.running is not None]
+    waiting = [r.waiting for r in engines if r.waiting is not None]
+    router = dataclasses.replace(
+        router, running=sum(running) if running else None, waiting=sum(waiting) if waiting else None
+    )
+    tx.replicas = tx.replicas.set(name, router)
+
+
+# --- turns and runs: the only code that changes them, and with them the indexes ---------------
 
 
 def _tracks_run(turn: Turn) -> bool:
     # Single-pass turns keep no state between calls, so they never enter run state.
-    return turn.kind is Kind.GENERATIVE and turn.run_id != ""
+    return turn.kind is _GENERATIVE and turn.run_id != ""
 
 
-def _touch_run(state: State, run_id: str, at: float) -> State:
-    run = state.runs.get(run_id)
-    if run is None:
-        return state
-    return dataclasses.replace(state, runs=state.runs.set(run_id, dataclasses.replace(run, last_activity=at)))
+def _pin(run: Run | None) -> str | None:
+    """The replica a run must go back to while it is generating or paused there, else None."""
+    return run.replica if run is not None and run.phase is not _IDLE else None
 
 
-def _end_turn(
-    state: State, turn_id: str, at: float, phase: Phase, *, drain: bool = True, touch: bool = True
-) -> tuple[State, list[Action]]:
+def _paused_at(run: Run | None) -> str | None:
+    """Where an interactive run paused on a tool has a slot kept for it by batch, else None."""
+    if run is not None and run.phase is _PAUSED and run.service_class is _INTERACTIVE:
+        return run.replica
+    return None
+
+
+def _group(tx: _Tx, turn: Turn) -> Group:
+    pin = _pin(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
+    return (turn.kind, turn.model, pin, turn.service_class)
+
+
+def _bump(counts: Map, key: str, delta: int) -> Map:
+    n = counts.get(key, 0) + delta
+    return counts.set(key, n) if n else counts.delete(key)
+
+
+def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
+    """Replaces (or with None, forgets) a run; moves its held turns when its pin changes."""
+    old = tx.runs.get(run_id)
+    was_paused, now_paused = _paused_at(old), _paused_at(new)
+    if was_paused != now_paused:
+        if was_paused is not None:
+            tx.paused_by_replica = _bump(tx.paused_by_replica, was_paused, -1)
+        if now_paused is not None:
+            tx.paused_by_replica = _bump(tx.paused_by_replica, now_paused, 1)
+    if run_id not in tx.run_open:
+        if old is not None:
+            tx.quiet_order = tx.quiet_order.remove((old.last_activity, run_id))
+        if new is not None:
+            tx.quiet_order = tx.quiet_order.add((new.last_activity, run_id))
+    tx.runs = tx.runs.set(run_id, new) if new is not None else tx.runs.delete(run_id)
+    old_pin, new_pin = _pin(old), _pin(new)
+    if old_pin != new_pin:
+        # Each lane of the run moves whole, by its first turn: O(log n) per lane, not per turn.
+        for lane in tx.run_lanes.get(run_id, ()):
+            head = tx.lanes[lane].first()[0]
+            _, kind, model, service_class, _ = lane
+            _unhold_lane(tx, lane, head, (kind, model, old_pin, service_class))
+            _hold_lane(tx, lane, head, (kind, model, new_pin, service_class))
+
+
+def _open(tx: _Tx, run_id: str, delta: int) -> None:
+    """Counts a run's open turns; a run is in the quiet index exactly while it has none."""
+    before = tx.run_open.get(run_id, 0)
+    after = before + delta
+    tx.run_open = tx.run_open.set(run_id, after) if after else tx.run_open.delete(run_id)
+    run = tx.runs.get(run_id)
+    if run is not None and (before == 0) != (after == 0):
+        key = (run.last_activity, run_id)
+        tx.quiet_order = tx.quiet_order.add(key) if after == 0 else tx.quiet_order.remove(key)
+
+
+def _add_turn(tx: _Tx, turn: Turn) -> None:
+    tx.turns = tx.turns.set(turn.turn_id, turn)
+    _open(tx, turn.run_id, 1)
+    if turn.status is _HELD:
+        _hold(tx, turn, _group(tx, turn))
+    else:
+        _count_placed(tx, turn, 1)
+
+
+def _end_turn(tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = True) -> Turn | None:
     """Removes a turn (held or placed) and moves its run to `phase` unless another turn of it still runs."""
-    turn = state.turns.get(turn_id)
+    turn = tx.turns.get(turn_id)
     if turn is None:
-        return state, []  # already gone: expired, resynced away, or never ours
-    state = dataclasses.replace(state, turns=state.turns.delete(turn_id))
-    run = state.runs.get(turn.run_id) if _tracks_run(turn) else None
+        return None  # already gone: expired, resynced away, or never ours
+    tracked = _tracks_run(turn)
+    if turn.status is _HELD:
+        _unhold(tx, turn, _group(tx, turn))
+    else:
+        _count_placed(tx, turn, -1)
+    tx.turns = tx.turns.delete(turn_id)
+    _open(tx, turn.run_id, -1)
+    run = tx.runs.get(turn.run_id) if tracked else None
     if run is not None:
-        still_running = any(
-            t.run_id == run.run_id and t.status is TurnStatus.PLACED and t.kind is Kind.GENERATIVE
-            for t in state.turns.values()
+        still_running = turn.run_id in tx.run_placed
+        _set_run(
+            tx,
+            run.run_id,
+            Run(
+                run.run_id,
+                run.service_class,
+                run.caller,
+                _GENERATING if still_running else phase,
+                run.replica,
+                at if touch else run.last_activity,
+            ),
         )
-        run = dataclasses.replace(
-            run,
-            phase=Phase.GENERATING if still_running else phase,
-            last_activity=at if touch else run.last_activity,
-        )
-        state = dataclasses.replace(state, runs=state.runs.set(run.run_id, run))
-    return _drain(state, []) if drain else (state, [])
+    return turn
+
+
+def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
+    """Adds (1) or removes (-1) a placed turn from the in-flight counts and the timeout index."""
+    assert turn.replica is not None and turn.placed_at is not None
+    tx.in_flight_by_replica = _bump(tx.in_flight_by_replica, turn.replica, delta)
+    _set_caller_in_flight(tx, turn.caller, tx.in_flight_by_caller.get(turn.caller, 0) + delta)
+    key = (turn.placed_at, turn.seq, turn.turn_id)
+    tx.placed_order = tx.placed_order.add(key) if delta > 0 else tx.placed_order.remove(key)
+    if _tracks_run(turn):
+        tx.run_placed = _bump(tx.run_placed, turn.run_id, delta)
+
+
+def _set_caller_in_flight(tx: _Tx, caller: str, count: int) -> None:
+    """Changes a caller's count and re-keys it in every group where it has turns held."""
+    before = tx.in_flight_by_caller.get(caller, 0)
+    tx.in_flight_by_caller = (
+        tx.in_flight_by_caller.set(caller, count) if count else tx.in_flight_by_caller.delete(caller)
+    )
+    for group in tx.caller_groups.get(caller, ()):
+        head = tx.held_queues[(group, caller)].first()[0]
+        callers = tx.held_groups[group].remove((before, head, caller)).add((count, head, caller))
+        tx.held_groups = tx.held_groups.set(group, callers)
+
+
+def _lane(turn: Turn) -> Lane:
+    return (turn.run_id, turn.kind, turn.model, turn.service_class, turn.caller)
+
+
+def _hold(tx: _Tx, turn: Turn, group: Group) -> None:
+    """Puts a held turn in its lane; a new first turn of the lane stands for it in its group."""
+    lane = _lane(turn)
+    queue = tx.lanes.get(lane)
+    if queue is None:
+        tx.lanes = tx.lanes.set(lane, EMPTY.add((turn.seq, turn.turn_id)))
+        if _tracks_run(turn):
+            tx.run_lanes = tx.run_lanes.set(turn.run_id, (*tx.run_lanes.get(turn.run_id, ()), lane))
+        _hold_lane(tx, lane, turn.seq, group)
+        return
+    head = queue.first()[0]
+    tx.lanes = tx.lanes.set(lane, queue.add((turn.seq, turn.turn_id)))
+    if turn.seq < head:
+        _unhold_lane(tx, lane, head, group)
+        _hold_lane(tx, lane, turn.seq, group)
+
+
+def _unhold(tx: _Tx, turn: Turn, group: Group) -> None:
+    """Takes a held turn out of its lane; the lane's next turn, if any, stands for it from now on."""
+    lane = _lane(turn)
+    queue = tx.lanes[lane]
+    head = queue.first()[0]
+    queue = queue.remove((turn.seq, turn.turn_id))
+    if not queue:
+        tx.lanes = tx.lanes.delete(lane)
+        if _tracks_run(turn):
+            rest = tuple(x for x in tx.run_lanes[turn.run_id] if x != lane)
+            tx.run_lanes = tx.run_lanes.set(turn.run_id, rest) if rest else tx.run_lanes.delete(turn.run_id)
+        _unhold_lane(tx, lane, head, group)
+        return
+    tx.lanes = tx.lanes.set(lane, queue)
+    if turn.seq == head:
+        _unhold_lane(tx, lane, head, group)
+        _hold_lane(tx, lane, queue.first()[0], group)
+
+
+def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
+    """Enters a lane, by its first turn's seq, in its group's queue for its caller."""
+    caller = lane[4]
+    key = (group, caller)
+    queue = tx.held_queues.get(key)
+    count = tx.in_flight_by_caller.get(caller, 0)
+    callers = tx.held_groups.get(group, EMPTY)
+    if queue is None:
+        tx.held_queues = tx.held_queues.set(key, EMPTY.add((head, lane)))
+        tx.caller_groups = tx.caller_groups.set(caller, tx.caller_groups.get(caller, frozenset()) | {group})
+        callers = callers.add((count, head, caller))
+    else:
+        first = queue.first()[0]
+        tx.held_queues = tx.held_queues.set(key, queue.add((head, lane)))
+        if head < first:
+            callers = callers.remove((count, first, caller)).add((count, head, caller))
+    tx.held_groups = tx.held_groups.set(group, callers)
+
+
+def _unhold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
+    caller = lane[4]
+    key = (group, caller)
+    queue = tx.held_queues[key]
+    first = queue.first()[0]
+    queue = queue.remove((head, lane))
+    count = tx.in_flight_by_caller.get(caller, 0)
+    callers = tx.held_groups[group]
+    if not queue:
+        tx.held_queues = tx.held_queues.delete(key)
+        left = tx.caller_groups[caller] - {group}
+        tx.caller_groups = tx.caller_groups.set(caller, left) if left else tx.caller_groups.delete(caller)
+        callers = callers.remove((count, first, caller))
+    else:
+        tx.held_queues = tx.held_queues.set(key, queue)
+        if head == first:
+            callers = callers.remove((count, first, caller)).add((count, queue.first()[0], caller))
+    tx.held_groups = tx.held_groups.set(group, callers) if callers else tx.held_groups.delete(group)
+
+
+def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
+    """Replaces every run and turn, rebuilding the indexes from nothing (pool change, resync)."""
+    tx.runs = Map()
+    tx.turns = Map()
+    tx.in_flight_by_replica = tx.in_flight_by_caller = tx.paused_by_replica = Map()
+    tx.held_queues = tx.held_groups = tx.caller_groups = Map()
+    tx.lanes = tx.run_lanes = tx.run_open = tx.run_placed = Map()
+    tx.placed_order = tx.quiet_order = EMPTY
+    for run in runs:
+        _set_run(tx, run.run_id, run)
+    for turn in turns:
+        _add_turn(tx, turn)
 
 
 # --- placement --------------------------------------------------------------------------------
 
 
-def _serving(state: State, kind: Kind, model: str) -> list[Replica]:
-    """Replicas of `kind` serving `model`, healthy or not, in config order."""
-    return [r for r in state.replicas_in_order() if r.kind is kind and model in r.models]
+def _rooms(tx: _Tx) -> tuple[frozenset[str], frozenset[str]]:
+    """The healthy replicas with room for an interactive turn, and those with room for a batch one.
 
-
-class _Load:
-    """Counts the drain needs, computed once per drain and kept current as it places turns."""
-
-    def __init__(self, state: State) -> None:
-        self.in_flight: Counter[str] = Counter()
-        self.caller_in_flight: Counter[str] = Counter()
-        for t in state.placed():
-            assert t.replica is not None
-            self.in_flight[t.replica] += 1
-            self.caller_in_flight[t.caller] += 1
-        self.paused_interactive: Counter[str] = Counter(
-            r.replica
-            for r in state.runs.values()
-            if r.phase is Phase.PAUSED and r.service_class is ServiceClass.INTERACTIVE and r.replica
-        )
-
-    def has_room(self, replica: Replica, turn: Turn) -> bool:
+    A replica has room when it is uncapped or our turns there are below its cap; batch must also
+    leave one slot free for each interactive run paused on a tool there. So the batch set is
+    always within the interactive one.
+    """
+    interactive: list[str] = []
+    batch: list[str] = []
+    in_flight, paused = tx.in_flight_by_replica, tx.paused_by_replica
+    for replica in tx.replicas.values():
+        if not replica.healthy:
+            continue
         cap = replica.capacity()
+        name = replica.name
         if cap is None:
-            return True
-        used = self.in_flight[replica.name]
-        if turn.service_class is ServiceClass.BATCH:
-            used += self.paused_interactive[replica.name]
-        return used < cap
+            interactive.append(name)
+            batch.append(name)
+            continue
+        used = in_flight.get(name, 0)
+        if used < cap:
+            interactive.append(name)
+            if used + paused.get(name, 0) < cap:
+                batch.append(name)
+    return frozenset(interactive), frozenset(batch)
 
 
-def _choose(state: State, turn: Turn, load: _Load) -> Replica | None:
-    """The replica `turn` goes to now, or None when it must wait."""
-    candidates = [r for r in _serving(state, turn.kind, turn.model) if r.healthy]
-    run = state.runs.get(turn.run_id) if _tracks_run(turn) else None
-    if run is not None and run.phase in (Phase.GENERATING, Phase.PAUSED) and run.replica is not None:
-        pinned = [r for r in candidates if r.name == run.replica]
-        if pinned:
-            candidates = pinned
-    best: Replica | None = None
-    for replica in candidates:
-        if load.has_room(replica, turn) and (
-            best is None or load.in_flight[replica.name] < load.in_flight[best.name]
-        ):
-            best = replica
-    return best
+def _choose(tx: _Tx, group: Group, room: frozenset[str]) -> Replica | None:
+    """Where a turn of `group` goes now, given the replicas with room for its class; None: it waits."""
+    kind, model, pin, _ = group
+    names = tx.serving.get((kind, model), ())
+    if pin is not None and pin in names and tx.replicas[pin].healthy:
+        return tx.replicas[pin] if pin in room else None
+    best: str | None = None
+    best_load = 0
+    for name in names:
+        if name in room:
+            load = tx.in_flight_by_replica.get(name, 0)
+            if best is None or load < best_load:
+                best, best_load = name, load
+    return tx.replicas[best] if best is not None else None
 
 
-def _drain_order(turn: Turn, load: _Load) -> tuple[int, int, int]:
-    return (
-        0 if turn.service_class is ServiceClass.INTERACTIVE else 1,
-        load.caller_in_flight[turn.caller],
-        turn.seq,
-    )
+def _drain(tx: _Tx, actions: list[Action]) -> None:
+    """Places held turns, one at a time, the first in drain order that has somewhere to go.
 
-
-def _drain(state: State, actions: list[Action]) -> tuple[State, list[Action]]:
-    """Places every held turn that has somewhere to go, in drain order."""
-    held = state.held()
-    if not held:
-        return state, actions
-    load = _Load(state)
-    while held:
-        held.sort(key=lambda t: _drain_order(t, load))
-        for i, turn in enumerate(held):
-            replica = _choose(state, turn, load)
+    Each group's first key is its best turn: (caller's turns in flight, arrival). Across groups,
+    interactive goes before batch. A group whose best turn cannot be placed has no turn that
+    can, so it is passed over whole. Placing a turn changes its caller's count, and so the
+    order, which is why each round starts again from the indexes. A round costs one look at
+    each replica and each group, and a saturated pool ends the drain after the first look.
+    """
+    while True:
+        room_interactive, room_batch = _rooms(tx)
+        if not room_interactive:
+            return
+        best_key: tuple[bool, int, int] | None = None
+        best: tuple[Group, str, Replica] | None = None
+        for group, callers in tx.held_groups.items():
+            batch = group[3] is _BATCH
+            if batch and not room_batch:
+                continue
+            count, seq, caller = callers.first()
+            key = (batch, count, seq)
+            if best_key is not None and key >= best_key:
+                continue
+            replica = _choose(tx, group, room_batch if batch else room_interactive)
             if replica is not None:
-                state = _place(state, turn, replica, load)
-                actions.append(
-                    Place(turn.turn_id, turn.run_id, replica.name, replica.url, state.now - turn.arrived_at)
-                )
-                del held[i]
-                break
-        else:
-            break
-    return state, actions
+                best_key, best = key, (group, caller, replica)
+        if best is None:
+            return
+        group, caller, replica = best
+        lane = tx.held_queues[(group, caller)].first()[1]
+        turn = tx.turns[tx.lanes[lane].first()[1]]
+        _place(tx, turn, group, replica)
+        actions.append(Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at))
 
 
-def _place(state: State, turn: Turn, replica: Replica, load: _Load) -> State:
-    placed = dataclasses.replace(turn, status=TurnStatus.PLACED, replica=replica.name, placed_at=state.now)
-    state = dataclasses.replace(state, turns=state.turns.set(turn.turn_id, placed))
-    load.in_flight[replica.name] += 1
-    load.caller_in_flight[turn.caller] += 1
-    run = state.runs.get(turn.run_id) if _tracks_run(turn) else None
+def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
+    _unhold(tx, turn, group)
+    placed = Turn(
+        turn.turn_id,
+        turn.run_id,
+        turn.service_class,
+        turn.caller,
+        turn.model,
+        turn.kind,
+        turn.arrived_at,
+        turn.seq,
+        _PLACED,
+        replica.name,
+        tx.now,
+    )
+    tx.turns = tx.turns.set(turn.turn_id, placed)
+    _count_placed(tx, placed, 1)
+    run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
     if run is not None:
-        if run.phase is Phase.PAUSED and run.service_class is ServiceClass.INTERACTIVE and run.replica:
-            load.paused_interactive[run.replica] -= 1  # it came back: its reserved slot is now a turn
-        run = dataclasses.replace(run, phase=Phase.GENERATING, replica=replica.name, last_activity=state.now)
-        state = dataclasses.replace(state, runs=state.runs.set(run.run_id, run))
-    return state
-
-
-def replay(events: Iterable[Event], state: State | None = None) -> tuple[State, list[Action]]:
-    """Feeds `events` in order from `state` (default: empty); returns the final state and every action."""
-    state = state if state is not None else State()
-    actions: list[Action] = []
-    for event in events:
-        state, out = decide(state, event)
-        actions.extend(out)
-    return state, actions
+        # A paused interactive run coming back turns its kept slot into a turn (see `_set_run`).
+        _set_run(
+            tx, run.run_id, Run(run.run_id, run.service_class, run.caller, _GENERATING, replica.name, tx.now)
+        )

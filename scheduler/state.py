@@ -1,8 +1,10 @@
 """What the scheduler knows: the replicas of the pool, the runs it has seen, the turns it holds or placed.
 
-Everything here is immutable. `State` is a handful of persistent maps (`immutables.Map`, a HAMT),
-so `decide` returns a new state that shares all but the changed paths with the old one, and a
-recorded state can be kept, compared or replayed against without copying.
+Everything here is immutable. `State` is a handful of persistent maps (`immutables.Map`, a HAMT)
+and sorted sets (`ordered.SortedSet`, a B-tree), so `decide` returns a new state that shares all
+but the changed paths with the old one, and a recorded state can be kept, compared or replayed
+against without copying. Runs, turns and the state are named tuples: cheap to make, which matters
+at tens of thousands of decisions a second.
 
 Times are plain floats in seconds on whatever clock the events carry (the host's monotonic
 clock in production, a virtual clock in the simulator); nothing here reads a clock.
@@ -10,10 +12,13 @@ clock in production, a virtual clock in the simulator); nothing here reads a clo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from immutables import Map
+
+from luftpause.scheduler.ordered import EMPTY, SortedSet
 
 
 class ServiceClass(StrEnum):
@@ -58,6 +63,8 @@ class Replica:
     models: frozenset[str]
     # False for engines that report no load (metrics "none"): never capped.
     reports_load: bool = True
+    # For a router: the replicas whose engines do its work. Its running and waiting are then the
+    # sums of theirs as last probed, never read from the router itself.
     load_from: tuple[str, ...] = ()
     # A replica nobody probed yet counts as healthy so that the stack serves at once; the first
     # probe that fails takes it out of rotation.
@@ -77,8 +84,7 @@ class Replica:
         return max(self.running or 0, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
+class Run(NamedTuple):
     """An agent's run as the scheduler sees it: where it last ran and whether it will come back there."""
 
     run_id: str
@@ -89,8 +95,7 @@ class Run:
     last_activity: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(NamedTuple):
     """One model call of a run: held until placed, then counted on its replica until reported done."""
 
     turn_id: str
@@ -107,18 +112,64 @@ class Turn:
     placed_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class State:
-    """The scheduler's whole state. Build it with `State()` and feed it `PoolConfigured` first."""
+# Where a held turn may go, as far as its own fields and its run's pin say: (kind, model, the
+# replica its run is pinned to or None, class). Held turns of one group are all placeable or all
+# not, so the drain asks once per group, never once per turn.
+Group = tuple[Kind, str, "str | None", ServiceClass]
 
-    replicas: Map[str, Replica] = field(default_factory=Map)
+# A run's held turns of one kind, model, class and caller: (run id, kind, model, class, caller).
+# They share a group and are placed in arrival order, so a lane enters its group by its first
+# turn alone, and a run whose pin moves moves its lanes, not each of its turns.
+Lane = tuple[str, Kind, str, ServiceClass, str]
+
+_NO_MAP: Map = Map()
+
+
+class State(NamedTuple):
+    """The scheduler's whole state. Build it with `State()` and feed it `PoolConfigured` first.
+
+    The first six fields are the facts; the rest are indexes over them that `decide` keeps
+    current so that no decision scans every turn or run. They are derived data: two states with
+    equal facts reached by the same events have equal indexes too.
+    """
+
+    replicas: Map[str, Replica] = _NO_MAP
     # Config order: the tie-break between equally loaded replicas, and the order of the status page.
     order: tuple[str, ...] = ()
-    runs: Map[str, Run] = field(default_factory=Map)
-    turns: Map[str, Turn] = field(default_factory=Map)
+    runs: Map[str, Run] = _NO_MAP
+    turns: Map[str, Turn] = _NO_MAP
     next_seq: int = 0
     # The latest time any event carried.
     now: float = 0.0
+
+    # (kind, model) -> names of the replicas of that kind serving it, healthy or not, in config order.
+    serving: Map[tuple[Kind, str], tuple[str, ...]] = _NO_MAP
+    # replica -> the routers whose load includes it (their `load_from` names it).
+    routers_of: Map[str, tuple[str, ...]] = _NO_MAP
+    # Placed turns per replica and per caller; interactive runs paused on a tool per replica.
+    in_flight_by_replica: Map[str, int] = _NO_MAP
+    in_flight_by_caller: Map[str, int] = _NO_MAP
+    paused_by_replica: Map[str, int] = _NO_MAP
+    # Held turns, in three levels so that every change is a few sorted-set updates:
+    # - per lane, the lane's turns in arrival order as (seq, turn id);
+    # - per (group, caller), the lanes there as (seq of the lane's first turn, lane);
+    # - per group, each caller with lanes there as (its turns in flight, its first seq, caller),
+    #   so a group's first key leads to the turn it would place next;
+    # and the groups each caller has turns held in (re-keyed when its in-flight count changes).
+    held_queues: Map[tuple[Group, str], SortedSet] = _NO_MAP
+    held_groups: Map[Group, SortedSet] = _NO_MAP
+    caller_groups: Map[str, frozenset[Group]] = _NO_MAP
+    lanes: Map[Lane, SortedSet] = _NO_MAP
+    # Per run id: the lanes of its held generative turns (they move when the run's pin moves);
+    # its open turns of any kind (a run with one is never forgotten as idle); its placed
+    # generative turns.
+    run_lanes: Map[str, tuple[Lane, ...]] = _NO_MAP
+    run_open: Map[str, int] = _NO_MAP
+    run_placed: Map[str, int] = _NO_MAP
+    # Placed turns as (placed_at, seq, turn id), oldest first: what the turn timeout looks at.
+    placed_order: SortedSet = EMPTY
+    # Runs with no open turn as (last activity, run id), quietest first: what idle expiry looks at.
+    quiet_order: SortedSet = EMPTY
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]
@@ -128,17 +179,15 @@ class State:
 
     def in_flight(self, replica: str) -> int:
         """Our turns placed on `replica` and not yet reported done."""
-        return sum(1 for t in self.turns.values() if t.status is TurnStatus.PLACED and t.replica == replica)
+        return self.in_flight_by_replica.get(replica, 0)
+
+    def caller_in_flight(self, caller: str) -> int:
+        """The caller's turns placed anywhere and not yet reported done."""
+        return self.in_flight_by_caller.get(caller, 0)
 
     def paused_interactive(self, replica: str) -> int:
         """Interactive runs paused on a tool whose last turn ran on `replica`: each will come back there."""
-        return sum(
-            1
-            for r in self.runs.values()
-            if r.phase is Phase.PAUSED
-            and r.service_class is ServiceClass.INTERACTIVE
-            and r.replica == replica
-        )
+        return self.paused_by_replica.get(replica, 0)
 
     def replicas_in_order(self) -> list[Replica]:
         return [self.replicas[name] for name in self.order]

@@ -1,0 +1,195 @@
+"""The scheduler core's cost: decisions per second with many held turns, and how it grows with them.
+
+A saturated pool, driven in-process through `decide` with no I/O: four replicas whose engines
+report a waiting queue, so each takes as many of our turns as it runs (`--slots`) and everything
+beyond is held. 1,000 runs of 100 callers (every fifth run batch) keep `--held` turns waiting.
+Each cycle then does what a busy stack does: the oldest turn in flight completes (every other
+one in tool calls, so runs pause and come back), which frees a slot and places the next held
+turn; that turn is reported started and given its first token; a new turn arrives to keep the
+held count steady. A probe every 100 events and a clock tick every 1,000 go through as well.
+Every `decide` call counts as one decision, whatever its event.
+
+The run is repeated for each held count in `--sizes` (default 100, 1,000, 10,000); the growth
+column is the time per decision relative to the smallest size, beside log2(n) relative to the
+same, which is what an O(log n) core should stay within.
+
+    luftpause bench scheduler_core [--sizes 100,1000,10000] [--events 60000] [--runs 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import time
+from collections import deque
+from typing import Any
+
+from luftpause.bench import results
+from luftpause.scheduler.actions import Place
+from luftpause.scheduler.core import decide
+from luftpause.scheduler.events import (
+    FirstToken,
+    PoolConfigured,
+    ReplicaProbed,
+    ReplicaSpec,
+    Tick,
+    TurnArrived,
+    TurnCompleted,
+    TurnStarted,
+)
+from luftpause.scheduler.state import Kind, ServiceClass, State
+
+REPLICAS = ("r0", "r1", "r2", "r3")
+MODEL = "m"
+
+
+class _Workload:
+    """A saturated pool and the bookkeeping a dataplane would keep to drive it."""
+
+    def __init__(self, held: int, runs: int, callers: int, slots: int) -> None:
+        self.runs, self.callers, self.slots = runs, callers, slots
+        self.now = 0.0
+        self.decisions = 0
+        self.next_turn = 0
+        self.in_flight: deque[tuple[str, str]] = deque()  # (turn, run), oldest placement first
+        self.state = State()
+        self._feed(
+            PoolConfigured(tuple(ReplicaSpec(n, f"http://{n}", Kind.GENERATIVE, (MODEL,)) for n in REPLICAS))
+        )
+        for name in REPLICAS:
+            self._probe(name)
+        for _ in range(held + slots * len(REPLICAS)):
+            self._arrive()
+        assert len(self.in_flight) == slots * len(REPLICAS), "the pool should be full"
+        assert len(self.state.turns) - len(self.in_flight) == held, "the rest should be held"
+
+    def _feed(self, event: Any) -> None:
+        self.state, actions = decide(self.state, event)
+        self.decisions += 1
+        for action in actions:
+            if isinstance(action, Place):
+                self.in_flight.append((action.turn_id, action.run_id))
+
+    def _probe(self, name: str) -> None:
+        # The engine runs our turns and queues one more: a capped replica, as under load.
+        self._feed(ReplicaProbed(name, True, self.slots, 1, self.now))
+
+    def _arrive(self) -> None:
+        n = self.next_turn
+        self.next_turn += 1
+        run = n % self.runs
+        cls = ServiceClass.BATCH if run % 5 == 0 else ServiceClass.INTERACTIVE
+        self._feed(
+            TurnArrived(
+                f"t{n}", f"run{run}", cls, f"caller{run % self.callers}", MODEL, Kind.GENERATIVE, self.now
+            )
+        )
+
+    def cycle(self, i: int) -> None:
+        """One completion and what follows it: five decisions, plus the odd probe and tick."""
+        self.now += 0.001
+        turn, run = self.in_flight.popleft()
+        tool_calls = i % 2 == 0
+        self._feed(
+            TurnCompleted(
+                turn,
+                run,
+                "tool_calls" if tool_calls else "stop",
+                500,
+                50,
+                ("call",) if tool_calls else (),
+                self.now,
+            )
+        )
+        placed, placed_run = self.in_flight[-1]
+        self._feed(TurnStarted(placed, placed_run, self.now))
+        self._feed(FirstToken(placed, placed_run, self.now))
+        self._arrive()
+        if i % 20 == 0:
+            self._probe(REPLICAS[(i // 20) % len(REPLICAS)])
+        if i % 200 == 0:
+            self._feed(Tick(self.now))
+
+
+def measure(held: int, events: int, runs: int, callers: int, slots: int) -> dict[str, Any]:
+    work = _Workload(held, runs, callers, slots)
+    gc.collect()
+    start_decisions = work.decisions
+    started = time.perf_counter()
+    i = 0
+    while work.decisions - start_decisions < events:
+        work.cycle(i)
+        i += 1
+    elapsed = time.perf_counter() - started
+    decisions = work.decisions - start_decisions
+    held_now = len(work.state.turns) - len(work.in_flight)
+    assert held_now == held, f"held count drifted to {held_now}"
+    return {
+        "held": held,
+        "runs": len(work.state.runs),
+        "in_flight": len(work.in_flight),
+        "decisions": decisions,
+        "seconds": round(elapsed, 4),
+        "decisions_per_s": round(decisions / elapsed),
+        "us_per_decision": round(elapsed / decisions * 1e6, 2),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| held turns | runs | decisions | decisions/s | µs/decision | growth | log2 n growth |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['held']:,} | {r['runs']:,} | {r['decisions']:,} | {r['decisions_per_s']:,} | "
+            f"{r['us_per_decision']} | {r['growth']:.2f}x | {r['log_growth']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="luftpause bench scheduler_core", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="100,1000,10000", help="held-turn counts, comma-separated")
+    p.add_argument("--events", type=int, default=60_000, help="decisions measured per size")
+    p.add_argument("--runs", type=int, default=1000)
+    p.add_argument("--callers", type=int, default=100)
+    p.add_argument("--slots", type=int, default=32, help="turns each replica's engine runs")
+    p.add_argument("--no-record", action="store_true", help="print only; write nothing under bench/results/")
+    args = p.parse_args(argv)
+
+    rows = []
+    for held in (int(s) for s in args.sizes.split(",")):
+        row = measure(held, args.events, args.runs, args.callers, args.slots)
+        rows.append(row)
+        print(
+            f"held={row['held']:>6,}  runs={row['runs']:>5,}  {row['decisions_per_s']:>8,} decisions/s  "
+            f"{row['us_per_decision']:>6} µs/decision",
+            flush=True,
+        )
+    base = rows[0]
+    for r in rows:
+        r["growth"] = r["us_per_decision"] / base["us_per_decision"]
+        r["log_growth"] = math.log2(r["held"]) / math.log2(base["held"])
+    table = _table(rows)
+    print()
+    print(table)
+    if not args.no_record:
+        path = results.write(
+            "scheduler_core",
+            {
+                "runs": args.runs,
+                "callers": args.callers,
+                "slots": args.slots,
+                "replicas": len(REPLICAS),
+                "rows": rows,
+            },
+            table,
+        )
+        print(f"\nrecord: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
