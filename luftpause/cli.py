@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=config.FAKE_MCP_PORT)
     p.set_defaults(func=_fake_mcp)
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
-    p.add_argument("scenario", choices=["fanout", "proxy_overhead"], help="which benchmark")
+    p.add_argument("scenario", choices=["fanout", "proxy_overhead", "sim"], help="which benchmark")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_bench)
     return parser
