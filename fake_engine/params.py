@@ -20,10 +20,12 @@ class EngineParams:
     """Running requests at most (SGLang's max_running_requests). 0 means as many as the KV pool
     holds, which is SGLang's own behaviour on a small GPU: memory, not a request cap, limits it."""
 
-    kv_pool_tokens: int = 24576
-    """Tokens of KV memory. Half of what is left of 8 GB after two 1B FP8 models, graphs and
-    activations is about 0.75 GB per replica, at 32 KiB a token that is 24k tokens: room for about
-    nine turns of a flood run (2.3k prompt + 256 reserved for the reply) at once."""
+    kv_pool_tokens: int = 32768
+    """Tokens of KV memory: 1 GiB per replica at Llama-3.2-1B's 32 KiB a token, about what is
+    left to each of two replicas on an 8 GB GPU after weights, graphs and activations. Room for
+    about twelve turns of a flood run (2.3k prompt + 256 reserved for the reply) at once, far
+    fewer than the 26 runs each replica carries in the flood: the pool, not a request cap, is
+    what makes the engine queue, and the prefix cache churns."""
 
     default_max_tokens: int = 4096
     """Reply reservation when a request sets no max_tokens. A large default is what made the
@@ -44,9 +46,12 @@ class EngineParams:
     """What each running sequence adds to a decode step (attention over its context, sampling,
     the other replica competing for the same GPU). With nine running, a step takes 35 ms."""
 
-    reply_tokens: int = 32
-    """Length of a text answer when max_tokens allows: several stream chunks, yet a turn stays
-    short. A tool call is as long as its arguments' JSON."""
+    reply_tokens: int = 240
+    """Length of a text answer when max_tokens allows. A 1B model asked to summarise thousands of
+    characters writes until close to the 256-token limit agents send; 240 keeps the answer ending
+    by itself ("stop"). With it an unloaded run of the light scenario takes about 16 s, which is
+    the description's light-load figure (about 14 runs a minute for 4 agents). A tool call is as
+    long as its arguments' JSON (a dozen tokens)."""
 
     priority_scheduling: bool = False
     """Whether the waiting queue is ordered by the request's `priority` (higher first, as SGLang's

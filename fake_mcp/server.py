@@ -51,19 +51,40 @@ def _filler(query: str, sentences: int) -> str:
     return " ".join(_SENTENCES[digest[i] % len(_SENTENCES)] for i in range(sentences))
 
 
+def tool_answer(tool: str, query: str) -> str:
+    """What `tool` answers to `query` (without the wait): the simulator uses the same text."""
+    if tool == "deep_search":
+        return f"Deep search summary for '{query}': {_filler(query + '#deep', 5)}"
+    return f"Lookup result for '{query}': {_filler(query, 2)}"
+
+
 async def lookup(query: str) -> str:
     """Look up a short fact or definition. Give a focused query (a name, a term or a question);
     returns a few sentences of reference text about it. Takes about a second."""
-    await asyncio.sleep(random.uniform(*LOOKUP_DELAY_S))
-    return f"Lookup result for '{query}': {_filler(query, 2)}"
+    await asyncio.sleep(_delay(LOOKUP_DELAY_S, _fixed_lookup_s))
+    return tool_answer("lookup", query)
 
 
 async def deep_search(query: str) -> str:
     """Search several sources in depth and return a longer summary of what they say about the
     query. Slower than lookup (one to one and a half seconds); use it when a short fact is not
     enough."""
-    await asyncio.sleep(random.uniform(*DEEP_SEARCH_DELAY_S))
-    return f"Deep search summary for '{query}': {_filler(query + '#deep', 5)}"
+    await asyncio.sleep(_delay(DEEP_SEARCH_DELAY_S, _fixed_lookup_s))
+    return tool_answer("deep_search", query)
+
+
+# Set by `fixed_latency(...)`: benchmarks want every tool call to take the same time.
+_fixed_lookup_s: float | None = None
+
+
+def fixed_latency(seconds: float | None) -> None:
+    """Every tool call takes exactly `seconds` (None: the random delays above)."""
+    global _fixed_lookup_s
+    _fixed_lookup_s = seconds
+
+
+def _delay(spread: tuple[float, float], fixed: float | None) -> float:
+    return fixed if fixed is not None else random.uniform(*spread)
 
 
 def create_server() -> MCPServer:

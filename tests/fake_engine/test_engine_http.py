@@ -27,9 +27,13 @@ def body(question: str = "What is luftpause?", **extra) -> dict:
     return {"model": "fake-llama", "messages": [{"role": "user", "content": question}], **extra}
 
 
+# Short, quick replies: these tests check shapes, not timing.
+QUICK = EngineParams(reply_tokens=32, decode_base_s=0.002, decode_per_seq_s=0.0)
+
+
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(name="fake-z", model="fake-llama", slots=2)
+    app = create_app(name="fake-z", model="fake-llama", slots=2, params=QUICK)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
         yield c
 
@@ -171,7 +175,7 @@ async def test_bad_requests_get_an_error_body_saying_what_is_wrong(
 
 
 async def test_with_one_slot_a_second_request_waits_in_the_engine_queue() -> None:
-    slow = EngineParams(decode_base_s=0.02, decode_per_seq_s=0.0)
+    slow = EngineParams(reply_tokens=32, decode_base_s=0.02, decode_per_seq_s=0.0)
     app = create_app(name="fake-q", model="fake-llama", slots=1, params=slow)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
         requests = [asyncio.create_task(c.post("/v1/chat/completions", json=body(f"q{i}"))) for i in range(2)]
@@ -262,7 +266,7 @@ async def test_metrics_report_the_prefix_cache_in_sglang_and_vllm_names() -> Non
     ]
     seen = {}
     for flavour in ("sglang", "vllm"):
-        app = create_app(name="fake-m", model="fake-llama", metrics_flavour=flavour)
+        app = create_app(name="fake-m", model="fake-llama", metrics_flavour=flavour, params=QUICK)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
             await c.post("/v1/chat/completions", json=body(question))
             await c.post("/v1/chat/completions", json={"model": "fake-llama", "messages": follow_up})
@@ -279,7 +283,7 @@ async def test_metrics_report_the_prefix_cache_in_sglang_and_vllm_names() -> Non
 
 
 async def test_a_stream_sends_several_tokens_a_chunk_when_asked() -> None:
-    app = create_app(name="fake-c", model="fake-llama", chunk_tokens=8)
+    app = create_app(name="fake-c", model="fake-llama", chunk_tokens=8, params=QUICK)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
         r = await c.post("/v1/chat/completions", json=body(stream=True))
     events = sse_events(r.text)

@@ -39,7 +39,10 @@ def start_engine(log_dir: Path, name: str, slots: int, timing: str = "") -> tupl
 
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    engine, url = start_engine(tmp_path_factory.mktemp("engine"), "fake-p", slots=8)
+    # Short, quick replies: these tests check the wire, not the calibrated timing.
+    engine, url = start_engine(
+        tmp_path_factory.mktemp("engine"), "fake-p", slots=8, timing="reply_tokens=32,decode_base_s=0.002"
+    )
     with running(engine):
         yield url
 

@@ -1,0 +1,125 @@
+"""Simulated agents: closed-loop runs, each turn through an arm, each tool call a fixed wait.
+
+An agent runs one run after another, for as long as the simulation lasts: a run opens with the
+shared system prompt and a task with its own context (`loadgen.conversation`), sends a turn,
+and while the reply is a tool call waits the tool's latency, appends the call and its answer and
+sends the next turn. A text reply ends the run and the next one starts at once. Replies come from
+the fake engine's own rule (`compose_reply`) with the engine's parameters, so a simulated run and
+a run through the HTTP fake engine say and cost the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from luftpause.bench.sim.arms import Arm
+from luftpause.bench.sim.clock import VirtualClock
+from luftpause.bench.sim.turns import SimTurn
+from luftpause.fake_engine.engine import EngineRequest
+from luftpause.fake_engine.prefix_cache import prompt_blocks, reply_block
+from luftpause.fake_engine.protocol import reply_message
+from luftpause.fake_engine.replies import compose_reply
+from luftpause.loadgen.conversation import MAX_TOKENS, TOOLS, first_messages, tool_result_message
+from luftpause.scheduler.state import ServiceClass
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    service_class: ServiceClass
+    caller: str
+    context_chars: int
+    tool_latency_s: float
+    start_at: float
+    seed: int
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    service_class: ServiceClass
+    started: float
+    ended: float
+    turns: int
+    tool_calls: int
+    replicas: tuple[str, ...]
+
+    @property
+    def moved(self) -> bool:
+        return len(set(self.replicas)) > 1
+
+
+@dataclass
+class Agent:
+    spec: AgentSpec
+    arm: Arm
+    clock: VirtualClock
+    reply_tokens: int
+    records: list[RunRecord] = field(default_factory=list)
+    _runs: int = 0
+    _turns: int = 0
+
+    def start(self) -> None:
+        self.clock.at(self.spec.start_at, self._new_run)
+
+    def _new_run(self) -> None:
+        self._runs += 1
+        self._run_id = f"{self.spec.name}-run{self._runs}"
+        self._messages = first_messages(f"{self.spec.seed}/{self._run_id}", self.spec.context_chars)
+        self._started = self.clock.now
+        self._replicas: list[str] = []
+        self._tool_calls = 0
+        self._send_turn()
+
+    def _send_turn(self) -> None:
+        reply = compose_reply(self._messages, TOOLS, None, MAX_TOKENS, self.reply_tokens)
+        blocks = prompt_blocks(self._messages, TOOLS)
+        self._turns += 1
+        turn_id = f"{self._run_id}-t{self._turns}"
+        request = EngineRequest(
+            turn_id,
+            blocks,
+            completion_tokens=reply.completion_tokens,
+            max_tokens=MAX_TOKENS,
+            reply=reply_block(blocks, reply_message(reply)),
+        )
+        turn = SimTurn(
+            turn_id=turn_id,
+            run_id=self._run_id,
+            service_class=self.spec.service_class,
+            caller=self.spec.caller,
+            index=len(self._replicas),
+            request=request,
+            reply=reply,
+            on_done=self._turn_done,
+            arrived_at=self.clock.now,
+        )
+        self.arm.send(turn)
+
+    def _turn_done(self, turn: SimTurn) -> None:
+        assert turn.replica is not None
+        self._replicas.append(turn.replica)
+        message = reply_message(turn.reply)
+        if turn.reply.tool_call is not None:
+            self._tool_calls += 1
+            self._messages.append(message)
+            result = tool_result_message(message["tool_calls"][0])
+            self.clock.after(self.spec.tool_latency_s, lambda: self._tool_returned(result))
+            return
+        self.records.append(
+            RunRecord(
+                self._run_id,
+                self.spec.service_class,
+                self._started,
+                self.clock.now,
+                len(self._replicas),
+                self._tool_calls,
+                tuple(self._replicas),
+            )
+        )
+        self.arm.run_ended(self._run_id)
+        self._new_run()
+
+    def _tool_returned(self, result: dict) -> None:
+        self._messages.append(result)
+        self._send_turn()

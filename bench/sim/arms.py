@@ -1,0 +1,254 @@
+"""The arms of a simulated benchmark: who decides which replica a turn goes to, and when.
+
+- `router-round-robin`: a class-blind router sending each request to the next replica in turn.
+- `sglang-cache-aware`: the SGLang router's cache-aware policy as documented. The router keeps
+  an approximate prefix tree per worker of the requests it sent there. When the load is
+  imbalanced (the busiest worker has more than 64 requests in flight over the idlest and more
+  than 1.5 times as many), the request goes to the idlest worker. Otherwise it goes to the
+  worker whose tree matches the largest share of the request's text, if that share exceeds 0.3,
+  else to the worker with the smallest tree (the most room for new cache). Our tree is over
+  whole messages rather than characters, which differs only inside a message two requests
+  share a beginning of, and never evicts (a run of minutes stays far below the router's limit).
+- `sglang-sticky`: the router's sticky sessions (manual policy, routing key = run id): a key's
+  first request goes to the worker with the fewest requests in flight, the rest follow it.
+- `luftpause`: the scheduler's own `decide`, fed what the dataplane, the prober and the clock
+  would feed it: the pool, a probe of each replica's engine load every 2 s, a tick every 1 s,
+  each turn's arrival, start, first token and completion (with its tool-call ids), and the end
+  of each run. A held turn waits until an action places it.
+- `luftpause-free-moving`: the same core with strict run affinity off. The core has no switch
+  for that, so the arm makes every run idle before each of its turns by reporting the run ended
+  just before the turn arrives: the core sees a run it does not know, free to go anywhere. A
+  paused interactive run still counts as paused while its tool runs, so batch still leaves its
+  slot free; only where it comes back to changes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from luftpause.bench.sim.clock import VirtualClock
+from luftpause.bench.sim.replica import SimReplica
+from luftpause.bench.sim.turns import SimTurn
+from luftpause.config import DEFAULT_MODEL
+from luftpause.scheduler.actions import Place, Refuse
+from luftpause.scheduler.core import decide
+from luftpause.scheduler.events import (
+    Event,
+    FirstToken,
+    PoolConfigured,
+    ReplicaProbed,
+    ReplicaSpec,
+    RunEnded,
+    Tick,
+    TurnArrived,
+    TurnCompleted,
+    TurnStarted,
+)
+from luftpause.scheduler.state import Kind, State
+
+PROBE_PERIOD_S = 2.0
+TICK_S = 1.0
+
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+
+
+class Arm(abc.ABC):
+    """Sends turns to replicas; subclasses decide where."""
+
+    name = ""
+
+    def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
+        self.replicas = {r.name: r for r in replicas}
+        self.order = [r.name for r in replicas]
+        self.clock = clock
+        self.in_flight: Counter[str] = Counter()
+
+    @abc.abstractmethod
+    def send(self, turn: SimTurn) -> None:
+        """Places the turn now, or later (an arm that holds turns)."""
+
+    def run_ended(self, run_id: str) -> None:
+        """The agent finished a run (and starts the next at once); routers keep nothing per run."""
+        return None
+
+    def _dispatch(
+        self, turn: SimTurn, replica: str, on_first_token: Callable[[], None] | None = None
+    ) -> None:
+        turn.replica = replica
+        self.in_flight[replica] += 1
+
+        def first_token() -> None:
+            turn.first_token_at = self.clock.now
+            if on_first_token is not None:
+                on_first_token()
+
+        def done() -> None:
+            self.in_flight[replica] -= 1
+            self._finished(turn)
+            turn.on_done(turn)
+
+        self.replicas[replica].submit(turn.request, first_token, done)
+
+    def _finished(self, turn: SimTurn) -> None:
+        """Hook: the turn's reply is complete (before the agent reacts to it); routers hear nothing."""
+        return None
+
+
+class RoundRobin(Arm):
+    name = "router-round-robin"
+
+    def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
+        super().__init__(replicas, clock)
+        self._next = 0
+
+    def send(self, turn: SimTurn) -> None:
+        replica = self.order[self._next % len(self.order)]
+        self._next += 1
+        self._dispatch(turn, replica)
+
+
+class CacheAware(Arm):
+    name = "sglang-cache-aware"
+
+    def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
+        super().__init__(replicas, clock)
+        self._trees: dict[str, set[bytes]] = {name: set() for name in self.order}
+        self._tree_size: Counter[str] = Counter()
+
+    def send(self, turn: SimTurn) -> None:
+        loads = [self.in_flight[name] for name in self.order]
+        busiest, idlest = max(loads), min(loads)
+        if busiest - idlest > BALANCE_ABS_THRESHOLD and busiest > idlest * BALANCE_REL_THRESHOLD:
+            choice = min(self.order, key=lambda name: self.in_flight[name])
+        else:
+            total = sum(b.tokens for b in turn.request.blocks) or 1
+            best, best_rate = self.order[0], -1.0
+            for name in self.order:
+                tree = self._trees[name]
+                matched = 0
+                for block in turn.request.blocks:
+                    if block.key not in tree:
+                        break
+                    matched += block.tokens
+                if matched / total > best_rate:
+                    best, best_rate = name, matched / total
+            if best_rate > CACHE_THRESHOLD:
+                choice = best
+            else:
+                choice = min(self.order, key=lambda name: self._tree_size[name])
+        tree = self._trees[choice]
+        for block in turn.request.blocks:
+            if block.key not in tree:
+                tree.add(block.key)
+                self._tree_size[choice] += block.tokens
+        self._dispatch(turn, choice)
+
+
+class Sticky(Arm):
+    name = "sglang-sticky"
+
+    def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
+        super().__init__(replicas, clock)
+        self._pins: dict[str, str] = {}
+
+    def send(self, turn: SimTurn) -> None:
+        replica = self._pins.get(turn.run_id)
+        if replica is None:
+            replica = min(self.order, key=lambda name: self.in_flight[name])
+            self._pins[turn.run_id] = replica
+        self._dispatch(turn, replica)
+
+    def run_ended(self, run_id: str) -> None:
+        self._pins.pop(run_id, None)
+
+
+class Luftpause(Arm):
+    name = "luftpause"
+    strict_affinity = True
+
+    def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
+        super().__init__(replicas, clock)
+        self.state = State()
+        self._held: dict[str, SimTurn] = {}
+        self._known_runs: set[str] = set()
+        self.events = 0
+        specs = tuple(
+            ReplicaSpec(name=name, url=f"sim://{name}", kind=Kind.GENERATIVE, models=(DEFAULT_MODEL,))
+            for name in self.order
+        )
+        self._feed(PoolConfigured(specs, at=clock.now))
+        clock.every(PROBE_PERIOD_S, self._probe, start=clock.now)
+        clock.every(TICK_S, lambda: self._feed(Tick(at=self.clock.now)), start=clock.now + TICK_S)
+
+    def send(self, turn: SimTurn) -> None:
+        if not self.strict_affinity and turn.run_id in self._known_runs:
+            self._feed(RunEnded(turn.run_id, at=self.clock.now))
+        self._known_runs.add(turn.run_id)
+        self._held[turn.turn_id] = turn
+        self._feed(
+            TurnArrived(
+                turn_id=turn.turn_id,
+                run_id=turn.run_id,
+                service_class=turn.service_class,
+                caller=turn.caller,
+                model=DEFAULT_MODEL,
+                kind=Kind.GENERATIVE,
+                at=self.clock.now,
+            )
+        )
+
+    def run_ended(self, run_id: str) -> None:
+        self._known_runs.discard(run_id)
+        self._feed(RunEnded(run_id, at=self.clock.now))
+
+    def _probe(self) -> None:
+        for name in self.order:
+            load = self.replicas[name].load()
+            self._feed(ReplicaProbed(name, True, load.running, load.waiting, at=self.clock.now))
+
+    def _feed(self, event: Event) -> None:
+        self.events += 1
+        self.state, actions = decide(self.state, event)
+        for action in actions:
+            if isinstance(action, Place):
+                turn = self._held.pop(action.turn_id)
+                self._start(turn, action.replica)
+            elif isinstance(action, Refuse):
+                raise RuntimeError(f"the scheduler refused a simulated turn: {action.message}")
+
+    def _start(self, turn: SimTurn, replica: str) -> None:
+        # The dataplane reports the start as it sends the request; the engine answers later.
+        self._feed(TurnStarted(turn.turn_id, turn.run_id, at=self.clock.now))
+        self._dispatch(
+            turn,
+            replica,
+            on_first_token=lambda: self._feed(FirstToken(turn.turn_id, turn.run_id, at=self.clock.now)),
+        )
+
+    def _finished(self, turn: SimTurn) -> None:
+        call = turn.reply.tool_call
+        self._feed(
+            TurnCompleted(
+                turn_id=turn.turn_id,
+                run_id=turn.run_id,
+                finish_reason=turn.reply.finish_reason,
+                prompt_tokens=turn.request.prompt_tokens,
+                completion_tokens=turn.reply.completion_tokens,
+                tool_call_ids=(call.id,) if call is not None else (),
+                at=self.clock.now,
+            )
+        )
+
+
+class LuftpauseFreeMoving(Luftpause):
+    name = "luftpause-free-moving"
+    strict_affinity = False
+
+
+ARMS: dict[str, type[Arm]] = {
+    arm.name: arm for arm in (RoundRobin, CacheAware, Sticky, Luftpause, LuftpauseFreeMoving)
+}

@@ -1,0 +1,27 @@
+"""A turn as the simulator passes it between an agent, a placement policy and a replica."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from luftpause.fake_engine.engine import EngineRequest
+from luftpause.fake_engine.replies import Reply
+from luftpause.scheduler.state import ServiceClass
+
+
+@dataclass
+class SimTurn:
+    turn_id: str
+    run_id: str
+    service_class: ServiceClass
+    caller: str
+    index: int
+    """0 for a run's first turn."""
+    request: EngineRequest
+    reply: Reply
+    on_done: Callable[[SimTurn], None]
+    replica: str | None = None
+    arrived_at: float = 0.0
+    first_token_at: float | None = None
+    tool_call_ids: tuple[str, ...] = field(default=())
