@@ -453,7 +453,10 @@ class Runs:
             return None
         self.journal.approval(run.handle, approval.call_id, approval.tool, allow)
         run.decisions[approval.call_id] = allow
+        # Off the pending list at once, so that nobody asks again before the run goes on.
+        run.approvals.pop(approval.call_id, None)
         approval.decision.set_result(allow)
+        self._pulse()
         log.info("run %s: tool call %s %s", run.handle, approval.call_id, "allowed" if allow else "declined")
         return approval
 

@@ -4,8 +4,8 @@ A client that declares the extension on its `tools/call` of `run` gets a task at
 waiting for the run in the call (`resultType: "task"`, with the task's id, status and times).
 It then polls `tasks/get`: `working` while the run runs; `input_required` while one of its tool
 calls waits for approval, with the approval as an elicitation in `inputRequests`; `completed`
-once the run has ended, with the run as the tool result (`isError` when the run failed or was
-cancelled); `cancelled` after `tasks/cancel`. It answers an approval with `tasks/update`.
+once the run has ended, with the run as the tool result (`isError` when the run failed);
+`cancelled` after `tasks/cancel` or once the run is cancelled any other way. It answers an approval with `tasks/update`.
 Clients that do not declare the extension get `run` as one blocking call.
 
 Tasks are journaled to `tasks.jsonl` beside `runs.jsonl`, one JSON object per line, fsynced
@@ -22,6 +22,7 @@ await on the run's handle still answers); a torn last line is skipped with a war
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -163,7 +164,10 @@ class Tasks:
 
     async def _close_when_done(self, task: Task, run: Run) -> None:
         await run.done.wait()
-        self._close(task, "completed", None)
+        if run.status == "cancelled":
+            self._close(task, "cancelled", run.error)
+        else:
+            self._close(task, "completed", None)
 
     def get(self, task_id: str) -> Task:
         task = self._tasks.get(task_id)
@@ -194,6 +198,8 @@ class Tasks:
                 "statusMessage": message,
                 "error": {"code": INTERNAL_ERROR, "message": message},
             }
+        if run.status == "cancelled":
+            return {**body, "status": "cancelled", "statusMessage": run.error}
         if not run.running:
             return {
                 **body,
@@ -225,11 +231,9 @@ class Tasks:
     async def cancel(self, task: Task) -> None:
         if task.closed_status is not None:
             return
-        try:
+        self._close(task, "cancelled", "cancelled through tasks/cancel")
+        with contextlib.suppress(UnknownRun):
             await self.runs.cancel(task.handle, reason="cancelled through its task")
-        except UnknownRun:
-            pass
-        self._close(task, "cancelled", "cancelled by the client")
 
     async def close(self) -> None:
         for w in list(self._watchers):

@@ -109,7 +109,13 @@ async def test_a_run_calls_its_tool_then_answers(tmp_path):
 
     assert (run.status, run.result, run.error) == ("finished", "The Rhine.", None)
     counts = {k: v for k, v in run.counters.items() if not k.endswith("Seconds")}
-    assert counts == {"toolCalls": 1, "failedToolCalls": 0, "turns": 2, "promptTokens": 200, "completionTokens": 14}
+    assert counts == {
+        "toolCalls": 1,
+        "failedToolCalls": 0,
+        "turns": 2,
+        "promptTokens": 200,
+        "completionTokens": 14,
+    }
     assert run.counters["turnSeconds"] > 0 and run.counters["toolSeconds"] > 0
     assert tools.calls == [("lookup", {"query": "rivers"})]
     first, second = engine.turns
