@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -20,10 +21,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause.dataplane import headers
-from luftpause.dataplane.auth import BearerAuth, token_from_env
+from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import error_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
@@ -35,9 +37,34 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5
 
 
+class DataplaneApp(FastAPI):
+    """FastAPI for every route but the per-turn one, which goes straight to the proxy.
+
+    FastAPI wraps each request, and each message a response sends, in several middleware
+    layers; a streamed turn sends one message per engine chunk, and on that path the layers
+    cost more than the proxy's own work. The proxy answers its own errors, so it needs none.
+    """
+
+    turn_path = "/v1/chat/completions"
+
+    def __init__(self, proxy: Proxy, gate: BearerGate, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.proxy, self.gate = proxy, gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == self.turn_path and scope["method"] == "POST":
+            if self.gate.allows(scope):
+                await self.proxy(scope, receive, send)
+            else:
+                await self.gate.refuse(send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
     """The dataplane app; `token` is the bearer every /v1 request needs (None lets everyone in)."""
     proxy = Proxy(config)
+    gate = BearerGate(token)
     quiet_deliberate_cut_offs()
 
     @contextlib.asynccontextmanager
@@ -48,11 +75,12 @@ def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
         finally:
             await proxy.close()
 
-    app = FastAPI(title="luftpause dataplane", lifespan=lifespan)
+    app = DataplaneApp(proxy, gate, title="luftpause dataplane", lifespan=lifespan)
     app.state.proxy = proxy
-    app.router.routes.append(Route("/v1/chat/completions", endpoint=proxy, methods=["POST"]))
+    # Reached only by other methods on the turn path (a 405), the fast path takes the POSTs.
+    app.router.routes.append(Route(DataplaneApp.turn_path, endpoint=proxy, methods=["POST"]))
     app.router.routes.append(Route("/v1/decide", endpoint=Decide(proxy), methods=["POST"]))
-    app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(BearerAuth, gate=gate)
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> Response:

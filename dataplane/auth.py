@@ -40,36 +40,48 @@ def bearer_matches(authorization: bytes | None, token: bytes) -> bool:
     return hmac.compare_digest(authorization[len(_SCHEME) :].strip(), token)
 
 
+class BearerGate:
+    """Decides whether a request may pass, and answers the ones that may not."""
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token.encode() if token else None
+
+    def allows(self, scope: Scope) -> bool:
+        if self._token is None:
+            return True
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        return bearer_matches(authorization, self._token)
+
+    @staticmethod
+    async def refuse(send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(_UNAUTHORIZED)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": _UNAUTHORIZED})
+
+
 class BearerAuth:
     """ASGI middleware: /v1 requests without the right bearer token are answered 401 here."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, gate: BearerGate) -> None:
         self.app = app
-        self._token = token.encode() if token else None
+        self._gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._token is not None and scope["type"] == "http" and _guarded(scope["path"]):
-            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            if not bearer_matches(authorization, self._token):
-                await _refuse(send)
-                return
+        if scope["type"] == "http" and guarded(scope["path"]) and not self._gate.allows(scope):
+            await self._gate.refuse(send)
+            return
         await self.app(scope, receive, send)
 
 
-def _guarded(path: str) -> bool:
+def guarded(path: str) -> bool:
+    """Whether a path is one of the /v1 routes the token guards."""
     return path == "/v1" or path.startswith("/v1/")
-
-
-async def _refuse(send: Send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(_UNAUTHORIZED)).encode()),
-                (b"www-authenticate", b"Bearer"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": _UNAUTHORIZED})

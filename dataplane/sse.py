@@ -1,10 +1,13 @@
 """Reading an engine's reply on the side: first token, usage, finish reason, tool-call ids.
 
-The bytes the engine sends go to the client untouched; `StreamObserver` only looks at a copy of
-each chunk as it passes, splitting it into server-sent-event lines and decoding the JSON of each
-`data:` event to learn what the scheduler needs to know about the turn. `observe_completion` does
-the same for a reply that was not streamed. Neither ever re-encodes anything, and neither raises
-on a payload it does not understand: a reply we cannot read is still the client's reply.
+The bytes the engine sends go to the client untouched; `StreamObserver` only looks at them as
+they pass, splitting them into server-sent-event lines and decoding the JSON of a `data:` event
+to learn what the scheduler needs to know about the turn. Most events of a stream are one more
+token and say nothing new once the first token is known, so after it a byte scan decides which
+events are worth decoding: those with a finish reason or usage that is not null, tool calls, an
+error, or `[DONE]`; a chunk made only of other events is not even split into lines.
+`observe_completion` reads a reply that was not streamed. Neither ever re-encodes anything, and
+neither raises on a payload it does not understand: a reply we cannot read is still the client's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,33 @@ _DONE = b"[DONE]"
 # What in a delta counts as the model having produced its first token: text, a tool call, or
 # the reasoning some engines stream ahead of the text.
 _TOKEN_FIELDS = ("content", "tool_calls", "reasoning_content", "reasoning")
+# Keys whose mere presence makes an event worth decoding, and keys engines send in every event,
+# as null until they have a value.
+_ALWAYS_READ = (b"[DONE]", b'"tool_calls"', b'"error"')
+_READ_UNLESS_NULL = (b'"finish_reason"', b'"usage"')
+_JSON_SPACE = b" \t\r\n"
+
+
+def says_something(data: bytes) -> bool:
+    """Whether stream bytes may hold more than another token: a cheap scan, never a false no.
+
+    A key's name cannot occur unescaped inside a JSON string, so finding it means the key (or
+    an event worth a look anyway); a false yes only costs a decode.
+    """
+    for marker in _ALWAYS_READ:
+        if marker in data:
+            return True
+    for key in _READ_UNLESS_NULL:
+        at = data.find(key)
+        while at >= 0:
+            at = data.find(b":", at + len(key))
+            if at < 0:
+                return True
+            value = data[at + 1 : at + 16].lstrip(_JSON_SPACE)
+            if not value.startswith(b"null"):
+                return True
+            at = data.find(key, at)
+    return False
 
 
 @dataclass
@@ -94,6 +124,15 @@ class StreamObserver:
     def feed(self, chunk: bytes) -> bool:
         """Reads one chunk; returns True when this chunk carried the reply's first token."""
         had_token = self.observation.first_token
+        if (
+            had_token
+            and not self._pending
+            and not self._data
+            and chunk.endswith(b"\n")
+            and not says_something(chunk)
+        ):
+            # Whole lines of nothing but more tokens: nothing to learn, no need to split them.
+            return False
         buffered = self._pending + chunk
         lines = buffered.splitlines(keepends=True)
         self._pending = b""
@@ -124,7 +163,11 @@ class StreamObserver:
             # Engines put each event's JSON on one data line; reading it at once reports the
             # first token without waiting for the blank line, and copes with streams that never
             # send one. Only a line that does not parse alone waits for the rest of its event.
-            if self._data or not self._take(value):
+            if self._data:
+                self._data.append(value)
+            elif self.observation.first_token and not says_something(value):
+                return
+            elif not self._take(value):
                 self._data.append(value)
         # Comments (":"), event names, ids and retry fields say nothing about the turn.
 

@@ -2,10 +2,11 @@
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.dataplane.sse import StreamObserver, observe_completion
+from luftpause.dataplane.sse import StreamObserver, observe_completion, says_something
 
 
 def _event(payload: dict) -> bytes:
@@ -168,3 +169,40 @@ def test_a_whole_reply_with_tool_calls():
 def test_a_whole_reply_that_is_not_json_says_nothing():
     seen = observe_completion(b"<html>bad gateway</html>")
     assert not seen.first_token and seen.finish_reason == "" and seen.tool_call_ids == []
+
+
+def _compact(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("encode", [_event, _compact])
+def test_the_byte_scan_skips_token_events_and_never_misses_the_rest(encode):
+    token = _chunk({"content": "more"})
+    assert not says_something(encode(token))
+    assert not says_something(encode({**token, "usage": None}) * 3)
+    assert says_something(encode(_chunk({}, "stop")))
+    assert says_something(encode({**token, "usage": {"prompt_tokens": 1}}))
+    assert says_something(encode(_chunk({"tool_calls": [{"index": 0, "id": "c1"}]})))
+    assert says_something(encode({"error": {"message": "boom"}}))
+    assert says_something(b"data: [DONE]\n\n")
+    # A key's name inside a string is escaped, so text that merely mentions it is no event.
+    assert not says_something(encode(_chunk({"content": 'say "finish_reason": "stop"'})))
+
+
+def test_after_the_first_token_only_telling_events_are_decoded(monkeypatch):
+    observer = StreamObserver()
+    decoded = []
+    real_loads = json.loads
+
+    def counting_loads(data, *args, **kwargs):
+        decoded.append(data)
+        return real_loads(data, *args, **kwargs)
+
+    monkeypatch.setattr("luftpause.dataplane.sse.json.loads", counting_loads)
+    observer.feed(_event(_chunk({"role": "assistant", "content": "Hi"})))
+    for _ in range(30):
+        observer.feed(_event(_chunk({"content": " there"})))
+    observer.feed(_event(_chunk({}, "stop")) + b"data: [DONE]\n\n")
+    observation = observer.close()
+    assert observation.first_token and observation.finish_reason == "stop" and observation.done
+    assert len(decoded) == 2, "the first token's event and the finish, not the 30 in between"
