@@ -1,0 +1,101 @@
+"""The simulator: deterministic, each arm places turns as it says, and the CLI prints the agreed shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from luftpause.bench.sim import arms as sim_arms
+from luftpause.bench.sim.cli import main
+from luftpause.bench.sim.run import simulate
+from luftpause.bench.sim.scenarios import Scenario
+from luftpause.fake_engine.params import EngineParams
+
+# A small flood: 14 agents on two replicas whose KV pools hold three turns each, so both queue.
+SMALL_FLOOD = Scenario(
+    "small-flood", batch_agents=12, interactive_agents=2, context_chars=8000, warmup_s=20, window_s=60
+)
+SMALL_POOL = EngineParams(kv_pool_tokens=8192)
+QUIET = Scenario("quiet", batch_agents=2, interactive_agents=2, context_chars=2000, warmup_s=10, window_s=60)
+
+
+def test_the_same_seed_gives_the_same_figures() -> None:
+    first = simulate(SMALL_FLOOD, "luftpause", seed=7, params=SMALL_POOL)
+    again = simulate(SMALL_FLOOD, "luftpause", seed=7, params=SMALL_POOL)
+    assert {**first.as_dict(), "wall_s": 0} == {**again.as_dict(), "wall_s": 0}
+    assert first.runs > 0 and first.interactive_runs_per_min > 0 and first.batch_runs_per_min > 0
+
+
+def test_round_robin_moves_runs_and_the_cache_keeping_arms_do_not() -> None:
+    results = {arm: simulate(QUIET, arm, seed=1) for arm in sim_arms.ARMS}
+    assert results["router-round-robin"].runs_moved > 0
+    for arm in ("sglang-cache-aware", "sglang-sticky", "luftpause"):
+        assert results[arm].runs_moved == 0, arm
+    # Keeping a run where its prefix is cached shows in the engines' hit rate.
+    assert (
+        results["sglang-cache-aware"].prefix_cache_hit_rate
+        > results["router-round-robin"].prefix_cache_hit_rate
+    )
+
+
+def test_free_moving_runs_may_change_replica_under_load_and_strict_affinity_never() -> None:
+    strict = simulate(SMALL_FLOOD, "luftpause", seed=3, params=SMALL_POOL)
+    free = simulate(SMALL_FLOOD, "luftpause-free-moving", seed=3, params=SMALL_POOL)
+    assert strict.runs_moved == 0
+    assert free.runs_moved > 0
+
+
+def test_the_luftpause_arm_runs_the_scheduler_core_and_holds_turns_the_engine_would_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held_for: list[float] = []
+    decided: list[object] = []
+    real_decide = sim_arms.decide
+
+    def recording_decide(state, event):
+        state, actions = real_decide(state, event)
+        decided.append(event)
+        held_for.extend(a.held_s for a in actions if isinstance(a, sim_arms.Place))
+        return state, actions
+
+    monkeypatch.setattr(sim_arms, "decide", recording_decide)
+    simulate(SMALL_FLOOD, "luftpause", seed=1, params=SMALL_POOL)
+    kinds = {type(e).__name__ for e in decided}
+    assert kinds >= {
+        "PoolConfigured",
+        "ReplicaProbed",
+        "Tick",
+        "TurnArrived",
+        "TurnStarted",
+        "FirstToken",
+        "TurnCompleted",
+        "RunEnded",
+    }
+    assert max(held_for) > 0, "under a flood some turns wait in the scheduler"
+
+
+def test_the_cli_prints_a_table_or_the_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["routing", "--seed", "2", "--arms", "router-round-robin,luftpause", "--json", "--no-record"])
+        == 0
+    )
+    record = json.loads(capsys.readouterr().out)
+    assert record["scenario"] == "routing" and record["seed"] == 2
+    assert [a["name"] for a in record["arms"]] == ["router-round-robin", "luftpause"]
+    for arm in record["arms"]:
+        assert {
+            "interactive_runs_per_min",
+            "interactive_p50_s",
+            "batch_runs_per_min",
+            "prefix_cache_hit_rate",
+        } <= set(arm)
+        assert arm["interactive_runs_per_min"] > 0 and arm["batch_runs_per_min"] == 0
+    assert main(["routing", "--arms", "sglang-sticky", "--no-record"]) == 0
+    out = capsys.readouterr().out
+    assert "| sglang-sticky |" in out and "interactive runs/min" in out
+
+
+def test_an_unknown_arm_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["flood", "--arms", "magic", "--no-record"]) == 2
+    assert "magic" in capsys.readouterr().err
