@@ -68,6 +68,27 @@ def _up(args: argparse.Namespace) -> None:
     raise SystemExit(up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes))
 
 
+def _loadgen(args: argparse.Namespace) -> None:
+    import asyncio
+    import json
+
+    from luftpause.loadgen.agents import LoadSpec, run_load
+
+    spec = LoadSpec(
+        url=args.url,
+        agents=args.agents,
+        duration_s=args.duration_s,
+        service_class=args.service_class,
+        caller=args.caller,
+        context_chars=args.context_chars,
+        tool_latency_s=args.tool_latency_s,
+        model=args.model,
+        stream=args.stream,
+        seed=args.seed,
+    )
+    print(json.dumps(asyncio.run(run_load(spec))))
+
+
 def _bench(args: argparse.Namespace) -> None:
     import importlib
 
@@ -133,6 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=config.FAKE_MCP_PORT)
     p.set_defaults(func=_fake_mcp)
+    p = sub.add_parser("loadgen", help="closed-loop own-loop agents through the proxy; prints a JSON summary")
+    p.add_argument("--url", default=f"http://127.0.0.1:{config.DATAPLANE_PORT}", help="the dataplane")
+    p.add_argument("--agents", type=int, default=8, help="agents running at once (default 8)")
+    p.add_argument("--duration-s", type=float, default=60.0, help="how long to run (default 60)")
+    p.add_argument("--class", dest="service_class", choices=["interactive", "batch"], default="interactive")
+    p.add_argument("--caller", default="loadgen", help="x-luftpause-caller of every turn")
+    p.add_argument("--context-chars", type=int, default=8000, help="size of each run's context")
+    p.add_argument("--tool-latency-s", type=float, default=2.0, help="how long each tool call takes")
+    p.add_argument("--model", default=config.DEFAULT_MODEL)
+    p.add_argument("--stream", action="store_true", help="stream each turn (default: plain JSON)")
+    p.add_argument("--seed", default="", help="varies the runs' contexts between loadgen processes")
+    p.set_defaults(func=_loadgen)
+
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
     p.add_argument("scenario", choices=["fanout", "proxy_overhead", "sim"], help="which benchmark")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
