@@ -1,6 +1,7 @@
-"""Load generator: closed-loop agents through the proxy and sub-agent fan-out over MCP.
+"""Load generator: closed-loop own-loop agents through the proxy (`luftpause loadgen`).
 
-Not built yet: `luftpause loadgen` arrives with the calibrated engine model (the simulator issue).
-Until then `luftpause bench fanout` drives sub-agents over MCP and `examples/own_loop_agent.py`
-shows one own-loop agent through the proxy.
+`conversation` is what an agent says (shared with the simulator in `bench/sim`), `agents` runs
+them against the dataplane with a live progress line and a JSON summary (runs/min, run time p50
+and p90, turns, tool calls, errors, turns by replica). Sub-agent fan-out over MCP is
+`luftpause bench fanout`.
 """
