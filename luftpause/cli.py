@@ -56,9 +56,12 @@ def _fake_engine(args: argparse.Namespace) -> None:
 
 
 def _fake_mcp(args: argparse.Namespace) -> None:
-    from luftpause.fake_mcp.server import serve
+    from luftpause.fake_mcp.server import serve, serve_stdio
 
-    serve(host=args.host, port=args.port)
+    if args.stdio:
+        serve_stdio(fixed_latency_s=args.fixed_latency_s)
+    else:
+        serve(host=args.host, port=args.port, fixed_latency_s=args.fixed_latency_s)
 
 
 def _up(args: argparse.Namespace) -> None:
@@ -153,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fake-mcp", help="a fake MCP tool server (lookup, deep_search)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=config.FAKE_MCP_PORT)
+    p.add_argument("--stdio", action="store_true", help="serve MCP over stdin/stdout instead of HTTP")
+    p.add_argument(
+        "--fixed-latency-s",
+        type=float,
+        default=None,
+        help="every tool call takes exactly this long (benchmarks use 2); default about a second, random",
+    )
     p.set_defaults(func=_fake_mcp)
     p = sub.add_parser("loadgen", help="closed-loop own-loop agents through the proxy; prints a JSON summary")
     p.add_argument("--url", default=f"http://127.0.0.1:{config.DATAPLANE_PORT}", help="the dataplane")
