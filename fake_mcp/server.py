@@ -3,8 +3,10 @@
 It stands in for the tool servers a sub-agent calls (Wikipedia, search) so that a fan-out of
 sub-agents has real tool latency to overlap. Streamable HTTP at `/mcp`, served straight (no mount,
 so `POST /mcp` answers without a redirect), both the legacy session wire and the sessionless one,
-and `GET /health` for whoever waits for it to come up. The text it returns is a deterministic
-function of the query; only the delay is random.
+and `GET /health` for whoever waits for it to come up; or over stdio (`serve_stdio`), as a
+harness launches a local tool server. The text it returns is a deterministic function of the
+query; only the delay is random, unless a fixed latency is set for benchmarks (every call then
+takes exactly that long; the description's benchmarks fix lookup at 2 s).
 """
 
 from __future__ import annotations
@@ -109,8 +111,17 @@ def create_app(host: str = "127.0.0.1") -> Starlette:
     return create_server().streamable_http_app(streamable_http_path="/mcp", host=host)
 
 
-def serve(host: str, port: int) -> None:
+def serve_stdio(fixed_latency_s: float | None = None) -> None:
+    """Serves MCP on stdin/stdout until the client closes them."""
+    import anyio
+
+    fixed_latency(fixed_latency_s)
+    anyio.run(create_server().run_stdio_async)
+
+
+def serve(host: str, port: int, fixed_latency_s: float | None = None) -> None:
     """Runs the fake MCP server until SIGTERM or SIGINT."""
+    fixed_latency(fixed_latency_s)
     app = create_app(host)
     log.info("fake MCP server on http://%s:%d/mcp (tools: lookup, deep_search)", host, port)
     # Legacy sessions keep a GET stream open; a short grace period stops shutdown waiting on it.

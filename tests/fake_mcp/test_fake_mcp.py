@@ -77,3 +77,21 @@ def test_the_server_exits_cleanly_on_sigterm(tmp_path) -> None:
         assert server.proc is not None and server.proc.returncode in (0, -signal.SIGTERM), server.output()[
             -2000:
         ]
+
+
+async def test_over_stdio_with_a_fixed_latency_lookup_takes_that_long() -> None:
+    import sys
+
+    from mcp import StdioServerParameters
+
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "luftpause", "fake-mcp", "--stdio", "--fixed-latency-s", "0.5"]
+    )
+    async with Client(params) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == {"lookup", "deep_search"}
+        for tool in ("lookup", "deep_search"):
+            began = time.monotonic()
+            result = await client.call_tool(tool, {"query": "Danube"})
+            took = time.monotonic() - began
+            assert not result.is_error and "Danube" in result.content[0].text
+            assert took >= 0.5, f"{tool} answered in {took:.2f} s, before its fixed latency"
