@@ -88,6 +88,7 @@ def _loadgen(args: argparse.Namespace) -> None:
         model=args.model,
         stream=args.stream,
         seed=args.seed,
+        warmup_s=args.warmup_s,
     )
     print(json.dumps(asyncio.run(run_load(spec))))
 
@@ -167,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("loadgen", help="closed-loop own-loop agents through the proxy; prints a JSON summary")
     p.add_argument("--url", default=f"http://127.0.0.1:{config.DATAPLANE_PORT}", help="the dataplane")
     p.add_argument("--agents", type=int, default=8, help="agents running at once (default 8)")
-    p.add_argument("--duration-s", type=float, default=60.0, help="how long to run (default 60)")
+    p.add_argument("--duration-s", type=float, default=60.0, help="how long to count (default 60)")
+    p.add_argument("--warmup-s", type=float, default=0.0, help="run this long first without counting")
     p.add_argument("--class", dest="service_class", choices=["interactive", "batch"], default="interactive")
     p.add_argument("--caller", default="loadgen", help="x-luftpause-caller of every turn")
     p.add_argument("--context-chars", type=int, default=8000, help="size of each run's context")
