@@ -1,0 +1,132 @@
+"""Durable runs on the whole stack: kill -9 of the runtime under `luftpause up` mid-run.
+
+`luftpause up --with-fakes` runs the scheduler, the dataplane, two fake engines and the runtime;
+the runtime's only tool server is the counting fixture (tool_fixture.py, over stdio, a second a
+call), so every call the tools received is on record. Eight sub-agents that plan three tool calls
+each are spawned; once each has a complete tool round in the journal, the runtime is killed with
+SIGKILL, `up` restarts it, and a new MCP session awaits the old handles.
+"""
+
+import json
+import os
+import re
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from mcp import Client
+from support import Ports, http_ok, start_up, stop_up, wait_until
+from test_runtime_e2e import call, task_planning
+
+FIXTURE = Path(__file__).resolve().parent / "tool_fixture.py"
+RUNS = 8
+
+
+def write_stack_config(directory: Path, ports: Ports, calls_log: Path) -> Path:
+    replicas = "".join(
+        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["fake-llama"]\n'
+        for i, port in enumerate(ports.engines)
+    )
+    command = json.dumps([sys.executable, str(FIXTURE), "--log", str(calls_log), "--delay", "1.0"])
+    path = directory / "luftpause.toml"
+    path.write_text(
+        f"""
+[scheduler]
+grpc_port = {ports.grpc}
+status_port = {ports.status}
+
+[dataplane]
+port = {ports.dataplane}
+scheduler = "127.0.0.1:{ports.grpc}"
+
+[runtime]
+port = {ports.runtime}
+dataplane = "http://127.0.0.1:{ports.dataplane}"
+state_dir = "{directory / "state"}"
+
+[[runtime.mcp_servers]]
+name = "counting"
+command = {command}
+{replicas}
+"""
+    )
+    return path
+
+
+def journal(directory: Path) -> list[dict]:
+    path = directory / "state" / "runs.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def received(calls_log: Path) -> list[tuple[int, str]]:
+    """(tool server pid, query) of every call the tool server received, in order. The fake
+    engine's query is the run's task, so it names the run; the pid tells the tool server the
+    killed runtime had started from the one its successor started."""
+    if not calls_log.exists():
+        return []
+    entries = [json.loads(line) for line in calls_log.read_text().splitlines() if line]
+    return [(e["pid"], e["arguments"]["query"]) for e in entries]
+
+
+def journaled_queries(records: list[dict]) -> list[str]:
+    """The query of every call journaled as answered (call records; rounds repeat them)."""
+    by_id = {}
+    for r in records:
+        if r["type"] == "turn":
+            for c in r["message"]["tool_calls"]:
+                by_id[c["id"]] = json.loads(c["function"]["arguments"])["query"]
+    return [by_id[r["message"]["tool_call_id"]] for r in records if r["type"] == "call"]
+
+
+@pytest.mark.timeout(240)
+async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_call(tmp_path):
+    ports = Ports()
+    calls_log = tmp_path / "calls.jsonl"
+    config = write_stack_config(tmp_path, ports, calls_log)
+    log = tmp_path / "up.log"
+    up = start_up(config, log)
+    url = f"http://127.0.0.1:{ports.runtime}/mcp"
+    try:
+        tasks = [task_planning(3, f"durable {i}") for i in range(RUNS)]
+        async with Client(url, mode="legacy") as client:
+            handles = [(await call(client, "spawn", task=t, tools=["lookup"]))["handle"] for t in tasks]
+
+        def every_run_has_a_round() -> bool:
+            rounds = {r["run"] for r in journal(tmp_path) if r["type"] == "round"}
+            return rounds >= set(handles)
+
+        wait_until(every_run_has_a_round, timeout_s=90, what="a complete tool round of every run")
+        (pid,) = [int(p) for p in re.findall(r"started runtime \(pid (\d+)\)", log.read_text())]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: f"runtime (pid {pid}) exited" in log.read_text(), what="up to see the runtime die")
+        before = journal(tmp_path)
+        unfinished = set(handles) - {r["run"] for r in before if r["type"] == "finished"}
+        assert unfinished, "every run finished before the kill: nothing was resumed"
+        answered_before = journaled_queries(before)
+
+        wait_until(
+            lambda: "restarted runtime" in log.read_text(), timeout_s=30, what="up to restart the runtime"
+        )
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{ports.runtime}/status"), what="the new runtime")
+        async with Client(url) as client:  # a new session, on the sessionless wire
+            awaited = await call(client, "await", handles=handles, timeout=120)
+    finally:
+        assert stop_up(up) == 0
+
+    assert awaited["timedOut"] is False
+    assert [r["status"] for r in awaited["runs"]] == ["finished"] * RUNS
+    assert [r["toolCalls"] for r in awaited["runs"]] == [3] * RUNS
+
+    # After the restart the tool server received exactly the calls that were not journaled as
+    # answered: none that a complete round (or an answered call) had recorded ran again.
+    calls = received(calls_log)
+    first_pid = calls[0][0]
+    after = Counter(q for pid, q in calls if pid != first_pid)
+    done_before = Counter(answered_before)
+    assert {t: after[t] for t in tasks} == {t: 3 - done_before[t] for t in tasks}
+    in_flight_at_kill = len([1 for pid, _ in calls if pid == first_pid]) - sum(done_before.values())
+    assert len(calls) == 3 * RUNS + in_flight_at_kill and in_flight_at_kill <= len(unfinished)
+    assert "resuming after 1 journaled tool rounds" in log.read_text()

@@ -1,0 +1,332 @@
+"""The run tree, budgets, parallel tool calls, resuming a cut round, approvals and decide, against a
+scripted dataplane (an httpx mock transport) and scripted tools: exact and instant.
+"""
+
+import asyncio
+import itertools
+import json
+
+import httpx
+import pytest
+
+from luftpause.runtime.agent import Agent
+from luftpause.runtime.journal import Journal, read_records
+from luftpause.runtime.llm import Dataplane
+from luftpause.runtime.runs import Runs, RunSpec, SpawnRefused
+from luftpause.runtime.tool_servers import ToolResult, UpstreamTool
+
+LOOKUP = UpstreamTool(
+    server="fake",
+    name="lookup",
+    description="Looks a thing up.",
+    input_schema={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+)
+WIPE = UpstreamTool(
+    server="fake",
+    name="wipe",
+    description="Wipes a disk.",
+    input_schema={"type": "object", "properties": {"disk": {"type": "string"}}},
+    annotations={"destructiveHint": True},
+)
+
+
+class Tools:
+    """Scripted tool servers: every call is recorded; `gate` (if set) holds calls until opened,
+    and a call whose arguments are in `hang` never returns."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.gate: asyncio.Event | None = None
+        self.hang: list[dict] = []
+
+    def catalog(self):
+        return {"lookup": LOOKUP, "wipe": WIPE}, []
+
+    async def settled(self) -> None:
+        return None
+
+    async def call(self, tool: UpstreamTool, arguments: dict) -> ToolResult:
+        self.calls.append((tool.name, arguments))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if arguments in self.hang:
+                await asyncio.Event().wait()
+            if self.gate is not None:
+                await self.gate.wait()
+            else:
+                await asyncio.sleep(0)
+        finally:
+            self.in_flight -= 1
+        return ToolResult(f"{tool.name} done: {json.dumps(arguments)}", is_error=False)
+
+
+def completion(message: dict, prompt_tokens: int = 100, completion_tokens: int = 10) -> httpx.Response:
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+    }
+    return httpx.Response(200, json=body)
+
+
+_ids = itertools.count()
+
+
+def calls_reply(*calls: tuple[str, dict], **usage) -> httpx.Response:
+    parts = [
+        {"id": f"call_{next(_ids)}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+        for n, a in calls
+    ]
+    return completion({"role": "assistant", "content": None, "tool_calls": parts}, **usage)
+
+
+def answer(text: str = "done") -> httpx.Response:
+    return completion({"role": "assistant", "content": text})
+
+
+class Dataplanes:
+    """A scripted dataplane: `script(run_id, body)` answers each turn; runs named in `hold`
+    never get an answer (their turn waits until the run is cancelled)."""
+
+    def __init__(self, script) -> None:
+        self.script = script
+        self.hold: set[str] = set()
+        self.bodies: list[dict] = []
+        self.requests: list[httpx.Request] = []
+        self.deleted: list[str] = []
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.method == "DELETE":
+            self.deleted.append(request.url.path.rsplit("/", 1)[-1])
+            return httpx.Response(204)
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        run_id = request.headers.get("x-luftpause-run-id", "")
+        if run_id in self.hold:
+            await asyncio.Event().wait()
+        return self.script(run_id, body)
+
+
+class Stack:
+    def __init__(self, tmp_path, script, token: str | None = None) -> None:
+        self.tmp_path = tmp_path
+        self.engine = Dataplanes(script)
+        self.tools = Tools()
+        self.token = token
+        self.open()
+
+    def open(self) -> None:
+        self.dataplane = Dataplane(
+            "http://dataplane", transport=httpx.MockTransport(self.engine.handle), token=self.token
+        )
+        self.agent = Agent(self.dataplane, self.tools, default_model="m")
+        self.runs = Runs(Journal(self.tmp_path), self.agent.drive, self.dataplane.end_run)
+
+    async def close(self) -> None:
+        await self.runs.shutdown()
+        self.runs.journal.close()
+        await self.dataplane.close()
+
+    async def restart(self) -> None:
+        await self.close()
+        self.open()
+        self.runs.restore()
+
+    def spawn(self, task: str = "t", **kw):
+        return self.runs.spawn(RunSpec(task=task, model="m", **kw), "caller-1")
+
+
+def always_calls(run_id, body):
+    if "tools" not in body:
+        return answer()
+    return calls_reply(("lookup", {"query": f"q{next(_ids)}"}))
+
+
+async def until(predicate, timeout_s: float = 10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+async def stack(tmp_path):
+    s = Stack(tmp_path, always_calls)
+    yield s
+    await s.close()
+
+
+async def test_a_tool_call_budget_caps_the_whole_subtree_and_cancels_it(stack):
+    parent = stack.spawn("coordinate", budgetToolCalls=5)
+    stack.engine.hold.add(parent.handle)  # the parent is busy thinking while its children work
+    # Three children that would make 4 calls each: 12 in all, against a budget of 5.
+    children = [stack.spawn(f"child {i}", parent=parent.handle, maxToolCalls=4) for i in range(3)]
+    await asyncio.wait_for(parent.done.wait(), 10)
+    await until(lambda: not any(c.running for c in children))
+
+    message = "budget exceeded: toolCalls 5/5"
+    assert (parent.status, parent.error) == ("cancelled", message)
+    assert len(stack.tools.calls) == 5
+    assert sum(c.counters["toolCalls"] for c in parent.subtree()) == 5
+    assert {c.status for c in children} == {"cancelled"} and {c.error for c in children} == {message}
+    view = parent.view()
+    assert view.budget.limits == {"toolCalls": 5} and view.budget.used["toolCalls"] == 5
+    assert view.budget.exceeded == message and view.children == [c.handle for c in children]
+    totals = parent.subtree_totals()
+    for key in ("turns", "toolCalls", "promptTokens", "completionTokens"):
+        assert totals[key] == sum(r.counters[key] for r in parent.subtree())
+    await until(lambda: set(stack.engine.deleted) >= {r.handle for r in parent.subtree()})
+
+    with pytest.raises(SpawnRefused, match="over its budget"):
+        stack.spawn("late child", parent=parent.handle)
+
+
+async def test_a_token_budget_trips_on_the_turn_that_passes_it(stack):
+    run = stack.spawn("spend", budgetTokens=250)  # 110 tokens a turn: the third turn passes it
+    await asyncio.wait_for(run.done.wait(), 10)
+    assert run.status == "cancelled" and run.error == "budget exceeded: tokens 330/250"
+    assert run.counters["turns"] == 3 and run.counters["toolCalls"] == 2
+
+
+async def test_a_seconds_budget_trips_an_idle_subtree_by_its_timer(stack):
+    parent = stack.spawn("slow", budgetSeconds=0.2)
+    child = stack.spawn("slower", parent=parent.handle)
+    stack.engine.hold.update({parent.handle, child.handle})
+    await asyncio.wait_for(child.done.wait(), 10)
+    assert parent.status == child.status == "cancelled"
+    assert parent.error.startswith("budget exceeded: seconds ") and parent.error.endswith("/0.2")
+
+
+async def test_cancelling_a_parent_cancels_its_running_descendants_only(stack):
+    parent = stack.spawn("root")
+    child = stack.spawn("child", parent=parent.handle)
+    grandchild = stack.spawn("grandchild", parent=child.handle)
+    stack.engine.hold.update({parent.handle, child.handle, grandchild.handle})
+    done = stack.spawn("quick", parent=parent.handle, maxToolCalls=0)
+    await asyncio.wait_for(done.done.wait(), 10)
+    assert done.status == "finished"
+
+    await stack.runs.cancel(parent.handle)
+    assert [r.status for r in (parent, child, grandchild, done)] == ["cancelled"] * 3 + ["finished"]
+    assert [c.handle for c in parent.children] == [child.handle, done.handle]
+
+
+async def test_parallel_tool_calls_run_at_once_and_are_asked_for(tmp_path):
+    replies = iter([calls_reply(("lookup", {"query": "a"}), ("lookup", {"query": "b"})), answer()])
+    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    s.tools.gate = asyncio.Event()
+    try:
+        run = s.spawn("both", parallelToolCalls=True)
+        await until(lambda: s.tools.in_flight == 2)
+        s.tools.gate.set()
+        await asyncio.wait_for(run.done.wait(), 10)
+    finally:
+        await s.close()
+    assert run.status == "finished" and run.counters["toolCalls"] == 2
+    assert s.engine.bodies[0]["parallel_tool_calls"] is True
+    tool_ids = [m["tool_call_id"] for m in s.engine.bodies[1]["messages"] if m["role"] == "tool"]
+    asked = [c["id"] for c in s.engine.bodies[1]["messages"][1]["tool_calls"]]
+    assert tool_ids == asked  # answered in the order asked, whatever order they finished in
+
+
+async def test_without_parallel_tool_calls_the_calls_of_a_reply_run_one_by_one(tmp_path):
+    replies = iter([calls_reply(("lookup", {"query": "a"}), ("lookup", {"query": "b"})), answer()])
+    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    try:
+        run = s.spawn("one by one")
+        await asyncio.wait_for(run.done.wait(), 10)
+    finally:
+        await s.close()
+    assert s.tools.most_in_flight == 1 and len(s.tools.calls) == 2
+    assert "parallel_tool_calls" not in s.engine.bodies[0]
+
+
+async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path):
+    first = calls_reply(("lookup", {"query": "one"}), ("lookup", {"query": "two"}))
+    replies = iter([first, answer("after restart")])
+    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    s.tools.hang = [{"query": "two"}]
+    run = s.spawn("cut")
+    # The first call finishes and the second hangs: stop the runtime mid-round.
+    await until(lambda: len(s.tools.calls) == 2)
+    await s.close()
+    kinds = [r["type"] for r in read_records(tmp_path / "runs.jsonl")]
+    assert kinds == ["spawned", "turn", "call"]
+
+    s.tools.calls.clear()
+    s.tools.hang = []
+    s.open()
+    s.runs.restore()
+    resumed = s.runs.get(run.handle)
+    await asyncio.wait_for(resumed.done.wait(), 10)
+    await s.close()
+    assert s.tools.calls == [("lookup", {"query": "two"})]
+    assert resumed.result == "after restart" and resumed.counters["toolCalls"] == 2
+    round_record = [r for r in read_records(tmp_path / "runs.jsonl") if r["type"] == "round"][0]
+    assert [m.get("content") for m in round_record["messages"][1:]] == [
+        'lookup done: {"query": "one"}',
+        'lookup done: {"query": "two"}',
+    ]
+
+
+async def test_a_decision_journaled_before_a_restart_is_not_asked_again(tmp_path):
+    replies = iter([calls_reply(("wipe", {"disk": "d1"})), answer("wiped")])
+    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    run = s.spawn("wipe it")
+    await until(lambda: run.pending_approval is not None)
+    assert run.view().status == "AwaitingApproval"
+    assert run.view().pendingApproval.model_dump() == {"tool": "wipe", "arguments": {"disk": "d1"}}
+    # Decide, and stop before the loop can act on it: the decision is all that is journaled.
+    s.tools.gate = asyncio.Event()
+    s.runs.decide_approval(run, True)
+    await s.restart()
+    resumed = s.runs.get(run.handle)
+    await until(lambda: len(s.tools.calls) == 1 or resumed.pending_approval is not None)
+    assert resumed.pending_approval is None
+    s.tools.gate.set()
+    await asyncio.wait_for(resumed.done.wait(), 10)
+    await s.close()
+    assert resumed.result == "wiped" and s.tools.calls == [("wipe", {"disk": "d1"})]
+
+
+async def test_an_unanswered_approval_is_asked_again_after_a_restart(tmp_path):
+    replies = iter([calls_reply(("wipe", {"disk": "d2"})), answer("declined, so nothing done")])
+    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    run = s.spawn("wipe it")
+    await until(lambda: run.pending_approval is not None)
+    await s.restart()
+    resumed = s.runs.get(run.handle)
+    await until(lambda: resumed.pending_approval is not None)
+    s.runs.decide_approval(resumed, False)
+    await asyncio.wait_for(resumed.done.wait(), 10)
+    await s.close()
+    assert s.tools.calls == [] and resumed.counters["failedToolCalls"] == 1
+    tool_message = s.engine.bodies[-1]["messages"][-1]
+    assert tool_message["content"] == "Error: the user declined this tool call"
+
+
+async def test_decide_goes_to_the_dataplane_with_the_bearer_token(tmp_path):
+    seen: list[httpx.Request] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/v1/decide":
+            return httpx.Response(
+                200, json={"label": "yes", "probabilities": {"yes": 0.9, "no": 0.1}, "unscored": []}
+            )
+        return answer()
+
+    dataplane = Dataplane("http://dp", transport=httpx.MockTransport(handle), token="t0k")
+    try:
+        decided = await dataplane.decide({"input": "is it?", "labels": ["yes", "no"]}, {})
+        await dataplane.complete({"model": "m", "messages": []}, {})
+    finally:
+        await dataplane.close()
+    assert decided["label"] == "yes"
+    assert json.loads(seen[0].content) == {"input": "is it?", "labels": ["yes", "no"]}
+    assert {r.headers["authorization"] for r in seen} == {"Bearer t0k"}
