@@ -30,13 +30,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause.dataplane import headers
+from luftpause.dataplane.engine_client import EngineClient, EngineError, EngineRequest, EngineResponse
 from luftpause.dataplane.errors import (
     BadTurnRequest,
     DataplaneStopping,
@@ -126,16 +126,12 @@ class Proxy:
         self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs)
         self.metrics = DataplaneMetrics()
         self.metrics.watch_scheduler(lambda: self.scheduler.connected)
-        self._http: httpx.AsyncClient | None = None
+        # No read timeout on engine requests: a turn takes as long as the engine needs, and
+        # admission, not a pool limit, bounds how many go to each engine.
+        self.engines = EngineClient(connect_timeout_s=ENGINE_CONNECT_TIMEOUT_S)
         self._pruner: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        self._http = httpx.AsyncClient(
-            # No read timeout: a turn takes as long as the engine needs; queueing is the scheduler's.
-            timeout=httpx.Timeout(None, connect=ENGINE_CONNECT_TIMEOUT_S),
-            # Admission already bounds what goes to each engine; a pool limit here would only add a queue.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-        )
         await self.scheduler.start()
         self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")
 
@@ -145,8 +141,7 @@ class Proxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pruner
         await self.scheduler.close()
-        if self._http is not None:
-            await self._http.aclose()
+        await self.engines.close()
 
     def end_run(self, run_id: str) -> None:
         """The agent says the run is over: the scheduler forgets it now rather than in 30 minutes."""
@@ -290,35 +285,35 @@ class Proxy:
             await upstream.aclose()
 
     async def exchange(
-        self, turn: Turn, request: httpx.Request, answer: Answer, client_left: asyncio.Future[None]
-    ) -> httpx.Response | None:
+        self, turn: Turn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]
+    ) -> EngineResponse | None:
         """Sends the engine request; the response with its body still to read, or None when the
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
         self.report(turn, started=pb.TurnStarted())
         try:
-            return await _unless_client_leaves(self._client.send(request, stream=True), client_left)
+            return await _unless_client_leaves(self.engines.post(request), client_left)
         except ClientLeft:
             self.failed(turn, "the client left before the engine answered")
-        except httpx.HTTPError as e:
+        except EngineError as e:
             await self._engine_unreachable(turn, answer, e)
         return None
 
     async def read_whole(
-        self, turn: Turn, upstream: httpx.Response, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> bytes | None:
         """The whole body of a reply that is not streamed; None when the turn ended while reading."""
         try:
-            return await _unless_client_leaves(upstream.aread(), client_left)
+            return await _unless_client_leaves(upstream.read(), client_left)
         except ClientLeft:
             self.failed(
                 turn, f"engine answered {upstream.status_code}; the client left before the reply was read"
             )
-        except httpx.HTTPError as e:
+        except EngineError as e:
             await self._engine_unreachable(turn, answer, e)
         return None
 
     async def pass_engine_error(
-        self, turn: Turn, upstream: httpx.Response, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> None:
         """The engine refused (429, 5xx, 4xx): its status, body and Retry-After go back unchanged."""
         content = await self.read_whole(turn, upstream, answer, client_left)
@@ -328,13 +323,13 @@ class Proxy:
         await answer.respond(content, upstream)
 
     async def _relay_stream(
-        self, turn: Turn, upstream: httpx.Response, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> None:
         observer = StreamObserver()
         send_chunk = answer.send_chunk
 
         async def pump() -> None:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in upstream.iter_body():
                 if observer.feed(chunk):
                     self.report(turn, first_token=pb.FirstToken())
                 await send_chunk(chunk)
@@ -367,7 +362,7 @@ class Proxy:
         await answer.finish()
         self.ended(turn, observation)
 
-    async def _engine_unreachable(self, turn: Turn, answer: Answer, error: httpx.HTTPError) -> None:
+    async def _engine_unreachable(self, turn: Turn, answer: Answer, error: EngineError) -> None:
         """The engine could not be reached or broke off before its reply began: a 502."""
         refusal = EngineUnreachable(turn.replica, error)
         self.failed(turn, refusal.message)
@@ -407,14 +402,9 @@ class Proxy:
 
     # -- helpers --
 
-    @property
-    def _client(self) -> httpx.AsyncClient:
-        assert self._http is not None, "open() first"
-        return self._http
-
     def engine_request(
         self, turn: Turn, placement: pb.AdmitReply, endpoint: str, body: bytes
-    ) -> httpx.Request:
+    ) -> EngineRequest:
         """A POST of `body` to the placed replica's `endpoint` (as `engine_url` reads it)."""
         replica = self.config.replica(placement.replica)
         base = placement.url or (replica.url if replica else "")
@@ -429,7 +419,7 @@ class Proxy:
             outgoing["authorization"] = f"Bearer {api_key}"
         if turn.traceparent:
             outgoing[headers.TRACEPARENT] = turn.traceparent
-        return self._client.build_request("POST", engine_url(base, endpoint), content=body, headers=outgoing)
+        return EngineRequest(engine_url(base, endpoint), outgoing, body)
 
     async def _prune_forever(self) -> None:
         while True:
@@ -465,7 +455,7 @@ class Answer:
         self.started = True
         await refusal_response(refusal, self.headers)(self._scope, self._receive, self._send)
 
-    async def respond(self, content: bytes, upstream: httpx.Response) -> None:
+    async def respond(self, content: bytes, upstream: EngineResponse) -> None:
         """The engine's whole reply: its status, body and passed headers, unchanged."""
         response = Response(content, status_code=upstream.status_code, headers=self._headers_for(upstream))
         self.started = True
@@ -478,7 +468,7 @@ class Answer:
         self.started = True
         await response(self._scope, self._receive, self._send)
 
-    async def start(self, upstream: httpx.Response) -> None:
+    async def start(self, upstream: EngineResponse) -> None:
         raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self._headers_for(upstream).items()]
         self.started = True
         await self._send({"type": "http.response.start", "status": upstream.status_code, "headers": raw})
@@ -489,7 +479,7 @@ class Answer:
     async def finish(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _headers_for(self, upstream: httpx.Response) -> dict[str, str]:
+    def _headers_for(self, upstream: EngineResponse) -> dict[str, str]:
         passed = {name: upstream.headers[name] for name in _PASSED_HEADERS if name in upstream.headers}
         return {**passed, **self.headers}
 
