@@ -402,3 +402,44 @@ async def test_the_token_guards_mcp_and_status(tmp_path, backends):  # noqa: F81
             assert "spawn" in {t.name for t in (await client.list_tools()).tools}
     finally:
         rt.service.stop()
+
+
+async def test_a_tool_call_budget_cancels_the_parent_and_its_running_children(runtime):
+    async with Client(runtime.url) as client:
+        # The parent waits on an approval nobody gives, so it is still running when its
+        # children, which plan 3 calls each (12 in all), spend the budget.
+        parent = (await call(client, "spawn", budgetToolCalls=5, **destructive_task("budget parent")))[
+            "handle"
+        ]
+        children = [
+            (
+                await call(
+                    client,
+                    "spawn",
+                    parent=parent,
+                    task=task_planning(3, f"budget child {i}"),
+                    tools=["lookup"],
+                )
+            )["handle"]
+            for i in range(4)
+        ]
+        awaited = await call(client, "await", handles=children, timeout=60)
+        awaited["runs"] += (await call(client, "status", handle=parent))["runs"]
+    message = "budget exceeded: toolCalls 5/5"
+    by_handle = {r["handle"]: r for r in awaited["runs"]}
+    assert (by_handle[parent]["status"], by_handle[parent]["error"]) == ("cancelled", message)
+    assert by_handle[parent]["budget"] == {
+        "limits": {"toolCalls": 5},
+        "used": {"toolCalls": 5},
+        "exceeded": message,
+    }
+    assert all(by_handle[c]["status"] in ("cancelled", "finished") for c in children)
+    assert any(by_handle[c]["error"] == message for c in children)
+
+    status = (await http_request("GET", runtime.status_url)).json()
+    (root,) = [n for n in status["tree"] if n["handle"] == parent]
+    assert root["subtree"]["toolCalls"] == 5 == sum(r["toolCalls"] for r in awaited["runs"])
+    for key in ("turns", "toolCalls", "failedToolCalls", "promptTokens", "completionTokens", "toolSeconds"):
+        assert root["subtree"][key] == pytest.approx(
+            root["own"][key] + sum(c["subtree"][key] for c in root["children"]), abs=0.01
+        )
