@@ -116,6 +116,25 @@ class Dataplane:
         await self._http.aclose()
 
 
+def decision_of(answer: dict[str, Any]) -> dict[str, Any]:
+    """The first item of a decide answer (vLLM's /classify shape) as the decide tool returns it:
+    the label, each label's probability, and the labels that could not be scored."""
+    data = answer.get("data")
+    item = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    probs = item.get("probs") if isinstance(item.get("probs"), list) else []
+    labels = item.get("labels")
+    probabilities: dict[str, float] | list[float]
+    if isinstance(labels, list) and len(labels) == len(probs):
+        probabilities = {str(label): float(p) for label, p in zip(labels, probs, strict=True)}
+    else:
+        probabilities = [float(p) for p in probs]  # a classifier's own classes, by index
+    return {
+        "label": item.get("label"),
+        "probabilities": probabilities,
+        "unscored": list(item.get("unscored") or []),
+    }
+
+
 def retry_after_s(value: str | None) -> float:
     """Seconds to wait for a Retry-After header (delta-seconds or an HTTP date)."""
     if value:

@@ -44,7 +44,7 @@ from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
 from luftpause.runtime.auth import TOKEN_ENV, BearerAuth, cors_headers
 from luftpause.runtime.journal import Journal
-from luftpause.runtime.llm import Dataplane, DecideFailed
+from luftpause.runtime.llm import Dataplane, DecideFailed, decision_of
 from luftpause.runtime.runs import (
     DEFAULT_AWAIT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
@@ -172,6 +172,13 @@ class Runtime:
             if unavailable:
                 message += " Not reachable now: " + "; ".join(unavailable) + "."
             raise ToolError(message)
+
+    def decide_model(self, with_labels: bool) -> str | None:
+        """The model decide uses when none is named: with labels the runtime's own (generative)
+        model, without them the first single-pass (classifier) model in the pool."""
+        if with_labels:
+            return self.config.runtime.default_model
+        return next((r.models[0] for r in self.config.replicas if r.kind == "single-pass"), None)
 
     def tools_result(self) -> ToolsResult:
         tools, unavailable = self.tool_servers.catalog()
@@ -516,23 +523,34 @@ def build_mcp(runtime: Runtime) -> MCPServer:
             list[str] | None,
             Field(description="2 to 20 labels to choose from; omit to use the classifier model's own labels"),
         ] = None,
-        model: Annotated[str | None, Field(description="model to decide with; default: the pool's")] = None,
+        model: Annotated[
+            str | None,
+            Field(
+                description="model to decide with; default: the classifier, or with labels the runtime's model"
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Classify `input` in one quick model call: returns the chosen label, each label's
-        probability, and which labels could not be scored. Cheaper than a sub-agent for routing."""
+        probability, and which labels could not be scored. Cheaper than a sub-agent for routing.
+
+        Without labels the pool's classifier model decides among its own classes; with 2 to 20
+        labels a generative model picks one of them.
+        """
         if labels is not None and not 2 <= len(labels) <= 20:
             raise ToolError(f"labels: give 2 to 20 labels, or none (got {len(labels)})")
-        body: dict[str, Any] = {"input": input}
+        if model is None:
+            model = runtime.decide_model(with_labels=labels is not None)
+        if model is None:
+            raise ToolError("no classifier model is configured (no single-pass replica): give 2 to 20 labels")
+        body: dict[str, Any] = {"model": model, "input": input}
         if labels is not None:
             body["labels"] = labels
-        if model is not None:
-            body["model"] = model
         headers = {"x-luftpause-class": "interactive"}
         caller = caller_of(ctx)
         if caller:
             headers["x-luftpause-caller"] = caller_header(caller)
         try:
-            return await runtime.dataplane.decide(body, headers)
+            return decision_of(await runtime.dataplane.decide(body, headers))
         except DecideFailed as e:
             raise ToolError(f"decide failed: {e}") from None
 

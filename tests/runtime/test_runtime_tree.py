@@ -11,7 +11,7 @@ import pytest
 
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.journal import Journal, read_records
-from luftpause.runtime.llm import Dataplane
+from luftpause.runtime.llm import Dataplane, decision_of
 from luftpause.runtime.runs import Runs, RunSpec, SpawnRefused
 from luftpause.runtime.tool_servers import ToolResult, UpstreamTool
 
@@ -330,3 +330,24 @@ async def test_decide_goes_to_the_dataplane_with_the_bearer_token(tmp_path):
     assert decided["label"] == "yes"
     assert json.loads(seen[0].content) == {"input": "is it?", "labels": ["yes", "no"]}
     assert {r.headers["authorization"] for r in seen} == {"Bearer t0k"}
+
+
+def test_a_decide_answer_becomes_label_probabilities_and_unscored():
+    labelled = {
+        "data": [
+            {
+                "index": 0,
+                "label": "no",
+                "probs": [0.25, 0.75, 0.0],
+                "labels": ["yes", "no", "maybe"],
+                "unscored": ["maybe"],
+            }
+        ]
+    }
+    assert decision_of(labelled) == {
+        "label": "no",
+        "probabilities": {"yes": 0.25, "no": 0.75, "maybe": 0.0},
+        "unscored": ["maybe"],
+    }
+    classifier = {"data": [{"index": 0, "label": "spam", "probs": [0.1, 0.9], "num_classes": 2}]}
+    assert decision_of(classifier) == {"label": "spam", "probabilities": [0.1, 0.9], "unscored": []}
