@@ -41,6 +41,8 @@ class LoadSpec:
     stream: bool = False
     seed: str = ""
     """Distinguishes the contexts of two loadgen processes started with the same options."""
+    warmup_s: float = 0.0
+    """Runs and turns ending before this are not counted: the pool first fills from cold."""
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Tally:
     """What the agents did so far; the progress line and the summary read it."""
 
     started: float = field(default_factory=time.monotonic)
+    counting_from: float = 0.0
     runs: int = 0
     run_times: list[float] = field(default_factory=list)
     turns: int = 0
@@ -56,10 +59,14 @@ class Tally:
     in_flight: int = 0
     replicas: Counter[str] = field(default_factory=Counter)
 
+    def counting(self) -> bool:
+        return time.monotonic() >= self.counting_from
+
     def progress(self) -> str:
         elapsed = time.monotonic() - self.started
+        phase = "" if self.counting() else "  (warming up)"
         return (
-            f"{elapsed:5.0f}s  runs {self.runs}  turns {self.turns}  tool calls {self.tool_calls}  "
+            f"{elapsed:5.0f}s{phase}  runs {self.runs}  turns {self.turns}  tool calls {self.tool_calls}  "
             f"errors {self.errors}  turns in flight {self.in_flight}"
         )
 
@@ -154,16 +161,17 @@ async def _agent(
                 continue
             finally:
                 tally.in_flight -= 1
-            tally.turns += 1
-            tally.replicas[replica] += 1
             calls = reply.get("tool_calls") or []
+            if tally.counting():
+                tally.turns += 1
+                tally.replicas[replica] += 1
+                tally.tool_calls += 1 if calls else 0
             if not calls:
                 break
-            tally.tool_calls += 1
             messages.append(reply)
             await asyncio.sleep(spec.tool_latency_s)
             messages.append(tool_result_message(calls[0]))
-        if time.monotonic() <= deadline:
+        if tally.counting() and time.monotonic() <= deadline:
             tally.runs += 1
             tally.run_times.append(time.monotonic() - started)
         try:
@@ -177,13 +185,15 @@ async def run_load(
 ) -> dict[str, Any]:
     """Runs `spec.agents` closed-loop agents for `spec.duration_s`; returns the summary.
 
-    Runs still going at the deadline are cut off and not counted. With `progress_every_s`, a
-    progress line is rewritten on stderr that often.
+    Runs still going at the deadline are cut off and not counted, and so is everything that ends
+    during the warm-up before the counted `duration_s`. With `progress_every_s`, a progress line
+    is rewritten on stderr that often.
     """
     import sys
 
     tally = tally or Tally()
-    deadline = tally.started + spec.duration_s
+    tally.counting_from = tally.started + spec.warmup_s
+    deadline = tally.counting_from + spec.duration_s
     limits = httpx.Limits(max_connections=spec.agents + 8, max_keepalive_connections=spec.agents + 8)
     async with httpx.AsyncClient(base_url=spec.url, timeout=600.0, limits=limits) as client:
         agents = [asyncio.create_task(_agent(client, spec, i, deadline, tally)) for i in range(spec.agents)]
