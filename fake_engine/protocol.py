@@ -67,7 +67,7 @@ class ChatRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    priority: int = 0
+    priority: int | None = None
     """SGLang's request priority; only an engine with priority scheduling on looks at it."""
 
     @model_validator(mode="after")

@@ -188,7 +188,7 @@ def create_app(
             completion_tokens=reply.completion_tokens,
             max_tokens=chat.token_limit,
             reply=reply_block(blocks, reply_message(reply)),
-            priority=chat.priority,
+            priority=chat.priority or 0,
         )
         if chat.stream:
             return StreamingResponse(

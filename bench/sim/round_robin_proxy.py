@@ -21,9 +21,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 
-def create_app(engines: Sequence[str]) -> Starlette:
+def create_app(engines: Sequence[str], transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The router app; `transport` replaces the network (tests)."""
     turn = itertools.cycle(range(len(engines)))
-    client = httpx.AsyncClient(timeout=600.0, limits=httpx.Limits(max_connections=512))
+    client = httpx.AsyncClient(timeout=600.0, limits=httpx.Limits(max_connections=512), transport=transport)
 
     async def chat(request: Request) -> Response:
         body = await request.body()
