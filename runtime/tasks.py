@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, RequestParams, TextContent
 from pydantic import ConfigDict, ValidationError
@@ -289,7 +290,7 @@ class TasksExtension(Extension):
         try:
             spec = self.runtime.spec_from(dict(params.arguments or {}))
             handle = await self.runtime.spawn(spec, self.runtime.caller_from(ctx))
-        except (ValidationError, SpawnRefused, UnknownRun, ValueError) as e:
+        except (ValidationError, SpawnRefused, UnknownRun, ToolError, ValueError) as e:
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
         task = self.tasks.create(self.runtime.runs.get(handle))
         body = {

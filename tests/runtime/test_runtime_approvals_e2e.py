@@ -443,3 +443,22 @@ async def test_a_tool_call_budget_cancels_the_parent_and_its_running_children(ru
         assert root["subtree"][key] == pytest.approx(
             root["own"][key] + sum(c["subtree"][key] for c in root["children"]), abs=0.01
         )
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_every_tool_on_both_wires(runtime, mode):
+    """decide is driven on both wires against a real dataplane in test_runtime_durable_up."""
+    async with Client(runtime.url, mode=mode) as client:
+        assert (await call(client, "tools"))["unavailable"] == []
+        finished = await call(client, "run", task=task_planning(1, f"every tool {mode}"), tools=["lookup"])
+        assert finished["status"] == "finished"
+        handle = (await call(client, "spawn", **destructive_task(f"every tool approve {mode}")))["handle"]
+        (waiting,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
+        assert waiting["status"] == "AwaitingApproval"
+        assert (await call(client, "approve", handle=handle, allow=True))["status"] == "running"
+        (done,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
+        assert done["status"] == "finished"
+        other = (await call(client, "spawn", **destructive_task(f"every tool cancel {mode}")))["handle"]
+        assert (await call(client, "cancel", handle=other))["status"] == "cancelled"
+        listed = {r["handle"]: r["status"] for r in (await call(client, "status"))["runs"]}
+        assert listed[handle] == "finished" and listed[other] == "cancelled"

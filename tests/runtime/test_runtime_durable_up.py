@@ -117,6 +117,8 @@ async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_ca
         wait_until(lambda: http_ok(f"http://127.0.0.1:{ports.runtime}/status"), what="the new runtime")
         async with Client(url) as client:  # a new session, on the sessionless wire
             awaited = await call(client, "await", handles=handles, timeout=120)
+            again = await call(client, "decide", input="Is fire cold?", labels=["yes", "no"])
+        assert again["label"] in ("yes", "no")
     finally:
         assert stop_up(up) == 0
 
