@@ -27,6 +27,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 # Response heads bigger than this are not an engine's.
@@ -95,8 +96,8 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio's, only alike.
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Each write is a whole request or nothing to wait for: never hold it back (Nagle).
@@ -393,7 +394,7 @@ class EngineClient:
             tls = self._tls
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                _, conn = await loop.create_connection(
+                transport, conn = await loop.create_connection(
                     _Connection,
                     origin.host,
                     origin.port,
@@ -407,4 +408,7 @@ class EngineClient:
         except OSError as e:
             reason = os.strerror(e.errno) if e.errno else str(e)
             raise EngineUnreachable(f"connect to {origin.authority} failed: {reason}") from None
+        # Some event loops (uvloop) call connection_made only after create_connection returned.
+        if conn.transport is None:
+            conn.transport = cast(asyncio.Transport, transport)
         return conn, False
