@@ -116,8 +116,12 @@ def answering(allow: bool | None, asked: list[str]):
     return callback
 
 
+# Short final answers keep the fake engine's decoding (and so each test) short.
+SHORT = 16
+
+
 def destructive_task(prefix: str) -> dict[str, Any]:
-    return {"task": task_planning(1, prefix), "tools": ["delete_file"]}
+    return {"task": task_planning(1, prefix), "tools": ["delete_file"], "maxTokens": SHORT}
 
 
 def tool_messages(rt: RuntimeUnderTest, handle: str) -> list[str]:
@@ -185,6 +189,7 @@ async def test_approve_tools_makes_a_read_only_tool_wait_too(runtime):
                 task=task_planning(1, "approve lookup"),
                 tools=["lookup"],
                 approveTools=["lookup"],
+                maxTokens=SHORT,
             )
         )["handle"]
         (waiting,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
@@ -306,7 +311,7 @@ async def test_a_tasks_client_can_cancel_and_others_get_run_as_one_call(runtime)
 
     # The same call from a client without the extension blocks until the run is done.
     async with Client(runtime.url) as client:
-        run = await call(client, "run", task=task_planning(1, "plain run"), tools=["lookup"])
+        run = await call(client, "run", task=task_planning(1, "plain run"), tools=["lookup"], maxTokens=SHORT)
     assert run["status"] == "finished" and run["toolCalls"] == 1
 
 
@@ -450,7 +455,9 @@ async def test_every_tool_on_both_wires(runtime, mode):
     """decide is driven on both wires against a real dataplane in test_runtime_durable_up."""
     async with Client(runtime.url, mode=mode) as client:
         assert (await call(client, "tools"))["unavailable"] == []
-        finished = await call(client, "run", task=task_planning(1, f"every tool {mode}"), tools=["lookup"])
+        finished = await call(
+            client, "run", task=task_planning(1, f"every tool {mode}"), tools=["lookup"], maxTokens=SHORT
+        )
         assert finished["status"] == "finished"
         handle = (await call(client, "spawn", **destructive_task(f"every tool approve {mode}")))["handle"]
         (waiting,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]

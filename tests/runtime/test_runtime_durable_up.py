@@ -92,7 +92,9 @@ async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_ca
     try:
         tasks = [task_planning(3, f"durable {i}") for i in range(RUNS)]
         async with Client(url, mode="legacy") as client:
-            handles = [(await call(client, "spawn", task=t, tools=["lookup"]))["handle"] for t in tasks]
+            handles = [
+                (await call(client, "spawn", task=t, tools=["lookup"], maxTokens=16))["handle"] for t in tasks
+            ]
             # decide goes through the dataplane's /v1/decide to a fake engine's first-token logprobs.
             decided = await call(client, "decide", input="Is water wet?", labels=["yes", "no"])
         assert decided["label"] in ("yes", "no") and set(decided["probabilities"]) == {"yes", "no"}

@@ -131,7 +131,10 @@ async def test_spawned_runs_use_tools_and_finish_on_both_wires(runtime, mode):
         if mode == "auto":
             assert client.protocol_version in MODERN_PROTOCOL_VERSIONS  # the sessionless wire
         assert {t.name for t in (await client.list_tools()).tools} == TOOLS
-        handles = [(await call(client, "spawn", task=f"{mode} fan-out {i}"))["handle"] for i in range(3)]
+        handles = [
+            (await call(client, "spawn", task=f"{mode} fan-out {i}", maxTokens=16))["handle"]
+            for i in range(3)
+        ]
         assert len(set(handles)) == 3
 
         awaited = await call(client, "await", handles=handles, timeout=60)
@@ -172,7 +175,7 @@ def test_post_mcp_answers_directly_without_a_redirect(runtime):
 async def test_await_times_out_then_any_then_all(runtime):
     async with Client(runtime.url) as client:
         tasks = [task_planning(1, "timeout probe"), task_planning(1, "another timeout probe")]
-        handles = [(await call(client, "spawn", task=task))["handle"] for task in tasks]
+        handles = [(await call(client, "spawn", task=task, maxTokens=16))["handle"] for task in tasks]
 
         # Every run makes at least one tool call of about a second, so none is done yet.
         early = await call(client, "await", handles=handles, timeout=0.05)
@@ -222,7 +225,7 @@ async def test_status_and_cancel(runtime):
 async def test_the_journal_records_spawn_each_tool_round_and_the_end(runtime):
     task = task_planning(2, "journaled")
     async with Client(runtime.url) as client:
-        handle = (await call(client, "spawn", task=task, maxTokens=64))["handle"]
+        handle = (await call(client, "spawn", task=task, maxTokens=16))["handle"]
         (run,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
 
     records = [r for r in runtime.records() if r["run"] == handle]
@@ -236,7 +239,7 @@ async def test_the_journal_records_spawn_each_tool_round_and_the_end(runtime):
     spawned, turn, call_record, round_one = records[:4]
     finished = records[-1]
     assert round_one["messages"] == [turn["message"], call_record["message"]]
-    assert spawned["spec"]["task"] == task and spawned["spec"]["maxTokens"] == 64
+    assert spawned["spec"]["task"] == task and spawned["spec"]["maxTokens"] == 16
     assert spawned["spec"]["maxToolCalls"] == 8 and spawned["spec"]["serviceClass"] == "interactive"
     assistant, tool = round_one["messages"]
     assert assistant["role"] == "assistant" and assistant["tool_calls"][0]["function"]["name"] in {
@@ -252,9 +255,9 @@ async def test_after_a_crash_finished_runs_answer_and_unfinished_ones_resume(tmp
     rt = make_runtime(tmp_path, backends).start()
     try:
         async with Client(rt.url, mode="legacy") as client:
-            done = (await call(client, "spawn", task=task_planning(1, "quick")))["handle"]
+            done = (await call(client, "spawn", task=task_planning(1, "quick"), maxTokens=16))["handle"]
             (before,) = (await call(client, "await", handles=[done], timeout=60))["runs"]
-            long = (await call(client, "spawn", task=task_planning(2, "long")))["handle"]
+            long = (await call(client, "spawn", task=task_planning(2, "long"), maxTokens=16))["handle"]
         wait_until(
             lambda: any(r["run"] == long and r["type"] == "round" for r in rt.records()),
             timeout_s=30,
