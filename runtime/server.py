@@ -278,7 +278,12 @@ class Runtime:
                 )
             for run, approval in pending:
                 dismissed.add(approval_key(run, approval))
-                answer = await ctx.elicit(approval.question(run.handle), ApprovalForm)
+                try:
+                    answer = await ctx.elicit(approval.question(run.handle), ApprovalForm)
+                except Exception as e:
+                    # A client that fails the question leaves the call waiting for approve.
+                    log.warning("run %s: asking for approval failed: %s", run.handle, e)
+                    continue
                 decision = answer_of(
                     answer.action, answer.data.model_dump() if answer.action == "accept" else None
                 )
