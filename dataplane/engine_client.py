@@ -4,8 +4,7 @@ A general-purpose client does much per request and per chunk that a proxy does n
 bookkeeping that scans every connection (and polls each idle socket) per request, and one
 event per HTTP chunk on the way back. This one keeps, per origin (scheme, host, port), a stack
 of idle kept-alive connections: a request takes the most recently used one that has not been
-closed, or opens a new one (2 s connect timeout; TLS for https, verified with the system's
-CAs, which `SSL_CERT_FILE` may point elsewhere). A reply body is handed over one piece per
+closed, or opens a new one (2 s connect timeout; TLS for https, see `tls_context`). A reply body is handed over one piece per
 network read, with the chunked framing taken off: all the chunks that arrived together make
 one piece, which the proxy passes to its client in one write.
 
@@ -29,6 +28,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
+
+import certifi
 
 # Response heads bigger than this are not an engine's.
 _MAX_HEAD = 64 * 1024
@@ -343,6 +344,17 @@ class EngineResponse:
             conn.close()
 
 
+def tls_context() -> ssl.SSLContext:
+    """Certificates are checked against `SSL_CERT_FILE` or `SSL_CERT_DIR` when set, else against
+    certifi's CA bundle, as the scheduler's prober (httpx) checks them: both sides of a hosted
+    endpoint agree on whether it can be trusted, also in images without system CAs."""
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class EngineClient:
     """Engine requests over kept-alive HTTP/1.1 connections, a stack of idle ones per origin."""
 
@@ -390,7 +402,7 @@ class EngineClient:
         tls = None
         if origin.scheme == "https":
             if self._tls is None:
-                self._tls = ssl.create_default_context()
+                self._tls = tls_context()
             tls = self._tls
         try:
             async with asyncio.timeout(self._connect_timeout_s):

@@ -5,12 +5,16 @@ Processes: the scheduler, the dataplane (with `LUFTPAUSE_TOKEN` set), two script
 every turn for it is held), a fake engine as a generative replica and another as a single-pass
 classifier. A third generative replica, "ghost", answered its first health probe and then
 closed its port; the scheduler probes only once every ten minutes, so it stays in rotation and
-is the unreachable engine. Replicas and their models:
+is the unreachable engine. "hosted" stands for a hosted API: https with a certificate of the
+test's own (the services trust it through SSL_CERT_FILE), a base URL ending in /v1, its own key
+and health path. Replicas and their models:
 
     scripted  scripted-llama   key from SCRIPTED_KEY          (scripted engine)
     plain     plain-llama      no key                         (the same scripted engine)
     busy      busy-llama       reports a queue: turns held    (scripted engine --busy)
     ghost     ghost-llama      port closed after one probe
+    hosted    hosted-llama     https://.../v1, key from HOSTED_KEY, health at /ready
+                                                              (scripted engine over TLS)
     fake-a    fake-llama       generative fake engine
     classify  fake-classifier  single-pass fake engine
 
@@ -20,7 +24,10 @@ tags its requests and reads the scripted engine's log by tag.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -36,6 +43,7 @@ from support import Ports, Service, free_port, running, wait_until, write_config
 
 TOKEN = "test-token-0123456789"
 ENGINE_KEY = "engine-key-for-scripted"
+HOSTED_KEY = "hosted-api-key"
 SCRIPTED_ENGINE = Path(__file__).resolve().parent / "scripted_engine.py"
 
 
@@ -66,6 +74,40 @@ class ScriptProcess(Service):
         return self
 
 
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key: (certificate file, key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "luftpause test engine")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "engine-cert.pem", directory / "engine-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
+
+
 def replica(name: str, port: int, model: str, extra: str = "") -> str:
     return f'\n[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["{model}"]\n{extra}'
 
@@ -74,6 +116,8 @@ def replica(name: str, port: int, model: str, extra: str = "") -> str:
 class RealStack:
     ports: Ports
     scripted_port: int
+    hosted_port: int
+    ca_file: Path
     dataplane: str
     status_url: str
     dataplane_service: Service
@@ -91,9 +135,20 @@ class RealStack:
         r = httpx.get(f"{self.status_url}/runs/{run_id}", timeout=5)
         return r.json()["phase"] if r.status_code == 200 else None
 
-    def engine_log(self, tag: str) -> list[dict[str, Any]]:
-        entries = httpx.get(f"http://127.0.0.1:{self.scripted_port}/_log", timeout=5).json()
+    def engine_log(self, tag: str, hosted: bool = False) -> list[dict[str, Any]]:
+        if hosted:
+            entries = self._hosted_get("/_log")
+        else:
+            entries = httpx.get(f"http://127.0.0.1:{self.scripted_port}/_log", timeout=5).json()
         return [e for e in entries if e["tag"] == tag]
+
+    def hosted_gets(self) -> list[str]:
+        """The paths of the GETs the hosted engine was sent (the scheduler's probes)."""
+        return self._hosted_get("/_gets")
+
+    def _hosted_get(self, path: str) -> Any:
+        tls = ssl.create_default_context(cafile=str(self.ca_file))
+        return httpx.get(f"https://127.0.0.1:{self.hosted_port}{path}", verify=tls, timeout=5).json()
 
     def turns_counted(self, route: str, outcome: str) -> float:
         """The dataplane's own count of turns on `route` that ended with `outcome`."""
@@ -113,7 +168,8 @@ class RealStack:
 def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
     tmp = tmp_path_factory.mktemp("dataplane-real-stack")
     ports = Ports(engines=[])
-    scripted_port, busy_port, fake_port, classify_port = (free_port() for _ in range(4))
+    scripted_port, busy_port, fake_port, classify_port, hosted_port = (free_port() for _ in range(5))
+    cert, key = self_signed_certificate(tmp)
     ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), _HealthOnly)
     threading.Thread(target=ghost.serve_forever, daemon=True).start()
     replicas = "".join(
@@ -124,6 +180,12 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
             replica("ghost", ghost.server_port, "ghost-llama", 'metrics = "none"\n'),
             replica("fake-a", fake_port, "fake-llama"),
             replica("classify", classify_port, "fake-classifier", 'kind = "single-pass"\n'),
+            replica(
+                "hosted",
+                hosted_port,
+                "hosted-llama",
+                'api_key_env = "HOSTED_KEY"\nhealth_path = "/ready"\nmetrics = "none"\n',
+            ).replace(f"http://127.0.0.1:{hosted_port}", f"https://127.0.0.1:{hosted_port}/v1"),
         ]
     )
     path = write_config(tmp, ports, extra=replicas)
@@ -133,6 +195,19 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         ScriptProcess("scripted", [str(SCRIPTED_ENGINE), "--port", str(scripted_port)], tmp / "scripted.log"),
         ScriptProcess("busy", [str(SCRIPTED_ENGINE), "--port", str(busy_port), "--busy"], tmp / "busy.log"),
         Service("fake-a", ["fake-engine", "--name", "fake-a", "--port", str(fake_port)], tmp / "fake-a.log"),
+        ScriptProcess(
+            "hosted",
+            [
+                str(SCRIPTED_ENGINE),
+                "--port",
+                str(hosted_port),
+                "--certfile",
+                str(cert),
+                "--keyfile",
+                str(key),
+            ],
+            tmp / "hosted.log",
+        ),
         Service(
             "classify",
             ["fake-engine", "--name", "classify", "--model", "fake-classifier", "--port", str(classify_port)],
@@ -147,12 +222,29 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         with running(*engines, scheduler, dataplane):
             for engine in engines:
                 engine.start()
-            for engine, port in zip(
-                engines, (scripted_port, busy_port, fake_port, classify_port), strict=True
-            ):
+            plain = [e for e in engines if e.name != "hosted"]
+            for engine, port in zip(plain, (scripted_port, busy_port, fake_port, classify_port), strict=True):
                 engine.wait_http(f"http://127.0.0.1:{port}/health")
-            scheduler.start()
-            dataplane.start(env={"LUFTPAUSE_TOKEN": TOKEN, "SCRIPTED_KEY": ENGINE_KEY})
+            tls = ssl.create_default_context(cafile=str(cert))
+
+            def hosted_up() -> bool:
+                try:
+                    return httpx.get(
+                        f"https://127.0.0.1:{hosted_port}/health", verify=tls, timeout=1
+                    ).is_success
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(hosted_up, what="the hosted engine over https")
+            scheduler.start(env={"SSL_CERT_FILE": str(cert)})
+            dataplane.start(
+                env={
+                    "LUFTPAUSE_TOKEN": TOKEN,
+                    "SCRIPTED_KEY": ENGINE_KEY,
+                    "HOSTED_KEY": HOSTED_KEY,
+                    "SSL_CERT_FILE": str(cert),
+                }
+            )
             scheduler.wait_http(status_url)
             dataplane.wait_http(f"{dataplane_url}/health")
 
@@ -166,6 +258,8 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
                 lambda: httpx.get(f"{dataplane_url}/health").json()["scheduler"] == "connected",
                 what="the dataplane to connect to the scheduler",
             )
-            yield RealStack(ports, scripted_port, dataplane_url, status_url, dataplane, scheduler, tmp)
+            yield RealStack(
+                ports, scripted_port, hosted_port, cert, dataplane_url, status_url, dataplane, scheduler, tmp
+            )
     finally:
         ghost.server_close()

@@ -10,8 +10,9 @@ says in its body (which the dataplane passes through unchanged) what the engine 
               "hang"       a 200 stream of one chunk, then nothing until the client leaves
     "tag":    a name the test finds its request by in the log
 
-`GET /_log` answers every request received so far: its tag, headers, body and whether the
-client (the dataplane) went away before the engine was done. `GET /metrics` reports load in
+`GET /_log` answers every chat request received so far: its tag, path, headers, body and
+whether the client (the dataplane) went away before the engine was done; `GET /_gets` the paths
+of the other GETs (health probes, metrics). Any path ending in `/health` or `/ready` answers 200. `GET /metrics` reports load in
 SGLang's names; with `--busy` the engine reports a waiting queue and nothing running, which
 caps our turns there at zero, so every turn for it is held. `--certfile/--keyfile` serve https.
 
@@ -68,6 +69,7 @@ class ScriptedEngine:
     def __init__(self, busy: bool) -> None:
         self.busy = busy
         self.log: list[dict[str, Any]] = []
+        self.gets: list[str] = []
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -76,7 +78,9 @@ class ScriptedEngine:
             await send({"type": "lifespan.shutdown.complete"})
             return
         path, method = scope["path"], scope["method"]
-        if method == "GET" and path == "/health":
+        if method == "GET" and path not in ("/_log", "/_gets"):
+            self.gets.append(path)
+        if method == "GET" and path.endswith(("/health", "/ready")):
             await self._json(send, 200, {"status": "ok"})
         elif method == "GET" and path == "/metrics":
             waiting = 1 if self.busy else 0
@@ -84,6 +88,8 @@ class ScriptedEngine:
             await self._send(send, 200, [(b"content-type", b"text/plain")], text.encode())
         elif method == "GET" and path == "/_log":
             await self._json(send, 200, self.log)
+        elif method == "GET" and path == "/_gets":
+            await self._json(send, 200, self.gets)
         elif method == "POST" and path == "/v1/chat/completions":
             await self._chat(scope, receive, send)
         else:
@@ -99,6 +105,7 @@ class ScriptedEngine:
         request = json.loads(body)
         entry: dict[str, Any] = {
             "tag": request.get("tag", ""),
+            "path": scope["path"],
             "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
             "body": body.decode(),
             "disconnected": False,

@@ -11,7 +11,7 @@ import uuid
 
 import httpx
 import pytest
-from real_stack import ENGINE_KEY, TOKEN, RealStack
+from real_stack import ENGINE_KEY, HOSTED_KEY, TOKEN, RealStack
 
 from luftpause.dataplane.auth import bearer_matches
 
@@ -90,3 +90,27 @@ def test_the_bearer_comparison():
     assert not bearer_matches(b"Bearer s3cretX", token)
     assert not bearer_matches(b"s3cret", token)
     assert not bearer_matches(b"Token s3cret", token)
+
+
+def test_a_hosted_endpoint_over_https_gets_its_key_at_its_v1_base_and_is_probed_at_its_health_path(
+    real_stack: RealStack,
+):
+    tag = uuid.uuid4().hex[:12]
+    body = {
+        "model": "hosted-llama",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tag": tag,
+        "stream": True,
+    }
+    with real_stack.client() as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-luftpause-replica"] == "hosted"
+    assert "data: [DONE]" in r.text
+    ((seen,),) = [real_stack.engine_log(tag, hosted=True)]
+    assert seen["path"] == "/v1/chat/completions"
+    assert seen["headers"]["authorization"] == f"Bearer {HOSTED_KEY}"
+    assert all(TOKEN not in value for value in seen["headers"].values())
+    probes = real_stack.hosted_gets()
+    # The health path is taken from the endpoint's base URL, as the rest of its API.
+    assert "/v1/ready" in probes and "/v1/health" not in probes
