@@ -331,38 +331,61 @@ def profile_dataplane(
     return "\n".join(lines)
 
 
-def summarise_profile(name: str, path: Path, top: int = 12) -> str:
-    """Self and inclusive time by function from py-spy's raw (collapsed stacks) output."""
+# Frames under which all the work runs, which say nothing about what bounds it.
+_FRAMEWORK = (
+    "<frozen runpy>",
+    "asyncio/runners.py",
+    "asyncio/base_events.py",
+    "asyncio/events.py",
+    "uvicorn/main.py",
+    "uvicorn/server.py",
+    "uvicorn/_compat.py",
+    "luftpause/cli.py",
+    "luftpause/__main__.py",
+    "threading.py",
+    "serve (",
+)
+
+
+def summarise_profile(name: str, path: Path, top: int = 14) -> str:
+    """Where a process spent its busy time, from py-spy's raw (collapsed stacks) output.
+
+    Samples waiting in the event loop's select are idle and left out; the inclusive table
+    leaves out the frames every busy sample sits under (the loop, the server's main).
+    """
     if not path.exists():
         return f"{name}: py-spy wrote no profile (is ptrace allowed here?)"
     own: dict[str, int] = {}
     inclusive: dict[str, int] = {}
-    total = 0
+    busy = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [
-            f for f in stack.split(";") if f and not f.startswith("process ") and not f.startswith("thread ")
-        ]
+        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
         if not frames:
             continue
-        total += count
+        function, _, where = frames[-1].partition(" (")
+        if function.endswith("select") and where.startswith("selectors.py"):
+            idle += count
+            continue
+        busy += count
         own[frames[-1]] = own.get(frames[-1], 0) + count
         for frame in set(frames):
             inclusive[frame] = inclusive.get(frame, 0) + count
-    if not total:
-        return f"{name}: no samples"
+    if not busy:
+        return f"{name}: no busy samples"
 
     def table(title: str, counts: dict[str, int]) -> list[str]:
         rows = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
-        return [f"  {title}:"] + [f"    {100 * c / total:5.1f}%  {_short(frame)}" for frame, c in rows]
+        return [f"  {title}:"] + [f"    {100 * c / busy:5.1f}%  {_short(frame)}" for frame, c in rows]
 
+    telling = {f: c for f, c in inclusive.items() if not any(where in f for where in _FRAMEWORK)}
     return "\n".join(
-        [f"{name}: {total} samples (idle waiting in the event loop's select included)"]
-        + table("own time (where the samples were)", own)
-        + table("inclusive time", inclusive)
+        [f"{name}: {busy} busy samples ({100 * busy / (busy + idle):.0f}% of all), shares of the busy ones"]
+        + table("own time", own)
+        + table("inclusive time", telling)
     )
 
 

@@ -2,5 +2,8 @@
 
 It resolves each turn's run, has the scheduler admit it, forwards it unchanged to the placed
 engine, streams the reply back while reading it on the side, and reports what happened.
-`app.serve(config)` runs it; `proxy` holds the per-turn path.
+`app.serve(config)` runs it. Modules: `app` (routes), `proxy` (the per-turn path), `decide`
+(`POST /v1/decide`), `engine_client` (HTTP/1.1 to the engines), `sse` (the side reader),
+`scheduler_client` (Admit, Report, Resync), `runs` (the view kept for resyncs), `run_identity`,
+`headers`, `auth` (`LUFTPAUSE_TOKEN`), `metrics` (`GET /metrics`), `errors`.
 """

@@ -6,7 +6,8 @@
    and caller headers;
 2. asks the scheduler to admit the turn, holding the request while it waits; a client that
    leaves meanwhile abandons the turn and no engine request is made;
-3. forwards the body bytes unchanged to the placed replica with one shared HTTP client;
+3. forwards the body bytes unchanged to the placed replica (`engine_client`, connections kept
+   alive per engine);
 4. passes the engine's reply back unchanged (a stream chunk by chunk, as it comes), reading it
    on the side for first token, usage, finish reason and tool-call ids;
 5. reports to the scheduler what happened: started, first token, completed or failed.
