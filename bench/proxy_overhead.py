@@ -562,7 +562,8 @@ def table(record: dict[str, Any]) -> str:
         f"Proxy overhead, engine `{record['engine']}`, {record['turns_per_arm']} turns per arm, "
         f"median over {record['repeats']} repeat(s)",
         "",
-        "| arm | streams | TTFB p50 | TTFB p99 | last byte p50 | last byte p99 | added p50 (last byte) | turns/s | CPU ms/turn (server processes) |",
+        "| arm | streams | TTFB p50 | TTFB p99 | last byte p50 | last byte p99 | added p50 (TTFB / last byte) "
+        "| turns/s | CPU ms/turn (server processes) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in record["concurrency"]:
@@ -589,7 +590,7 @@ def table(record: dict[str, Any]) -> str:
                 "tps": med(("turns_per_s",)),
                 "cpu": {k: med(("cpu_ms_per_turn", k)) for k in runs[0]["cpu_ms_per_turn"]},
             }
-        base = summary.get("direct", {}).get("last50")
+        direct = summary.get("direct")
         for arm, s in summary.items():
             servers = {
                 "direct": ["engine"],
@@ -597,7 +598,11 @@ def table(record: dict[str, Any]) -> str:
                 "luftpause": ["dataplane", "scheduler", "engine"],
             }[arm]
             cpu = ", ".join(f"{name} {s['cpu'][name]:.2f}" for name in servers if name in s["cpu"])
-            added = "-" if base is None or arm == "direct" else f"{s['last50'] - base:+.2f} ms"
+            added = (
+                "-"
+                if direct is None or arm == "direct"
+                else f"{s['ttfb50'] - direct['ttfb50']:+.2f} / {s['last50'] - direct['last50']:+.2f} ms"
+            )
             rows.append(
                 f"| {arm} | {c} | {s['ttfb50']:.2f} ms | {s['ttfb99']:.2f} ms | {s['last50']:.2f} ms | "
                 f"{s['last99']:.2f} ms | {added} | {s['tps']:.0f} | {cpu} |"
