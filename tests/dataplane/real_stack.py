@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -74,8 +75,49 @@ class ScriptProcess(Service):
         return self
 
 
-def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 signed by its own key: (certificate file, key file)."""
+def self_signed_certificate(directory: Path) -> tuple[Path, Path] | None:
+    """A certificate for 127.0.0.1 signed by its own key: (certificate file, key file).
+
+    Made with the `cryptography` package, else the `openssl` command; None when neither is
+    there (the hosted replica is then left out and its test skipped).
+    """
+    cert_path, key_path = directory / "engine-cert.pem", directory / "engine-key.pem"
+    try:
+        _write_certificate(cert_path, key_path)
+    except ImportError:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            return None
+        subprocess.run(
+            [
+                openssl,
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                str(key_path),
+                "-out",
+                str(cert_path),
+                "-days",
+                "1",
+                "-subj",
+                "/CN=luftpause test engine",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return cert_path, key_path
+
+
+def _write_certificate(cert_path: Path, key_path: Path) -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -98,14 +140,12 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    cert_path, key_path = directory / "engine-cert.pem", directory / "engine-key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
-    return cert_path, key_path
 
 
 def replica(name: str, port: int, model: str, extra: str = "") -> str:
@@ -117,7 +157,8 @@ class RealStack:
     ports: Ports
     scripted_port: int
     hosted_port: int
-    ca_file: Path
+    # None when no certificate could be made here: then there is no hosted replica.
+    ca_file: Path | None
     dataplane: str
     status_url: str
     dataplane_service: Service
@@ -147,6 +188,7 @@ class RealStack:
         return self._hosted_get("/_gets")
 
     def _hosted_get(self, path: str) -> Any:
+        assert self.ca_file is not None
         tls = ssl.create_default_context(cafile=str(self.ca_file))
         return httpx.get(f"https://127.0.0.1:{self.hosted_port}{path}", verify=tls, timeout=5).json()
 
@@ -169,7 +211,7 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
     tmp = tmp_path_factory.mktemp("dataplane-real-stack")
     ports = Ports(engines=[])
     scripted_port, busy_port, fake_port, classify_port, hosted_port = (free_port() for _ in range(5))
-    cert, key = self_signed_certificate(tmp)
+    certificate = self_signed_certificate(tmp)
     ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), _HealthOnly)
     threading.Thread(target=ghost.serve_forever, daemon=True).start()
     replicas = "".join(
@@ -180,14 +222,15 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
             replica("ghost", ghost.server_port, "ghost-llama", 'metrics = "none"\n'),
             replica("fake-a", fake_port, "fake-llama"),
             replica("classify", classify_port, "fake-classifier", 'kind = "single-pass"\n'),
-            replica(
-                "hosted",
-                hosted_port,
-                "hosted-llama",
-                'api_key_env = "HOSTED_KEY"\nhealth_path = "/ready"\nmetrics = "none"\n',
-            ).replace(f"http://127.0.0.1:{hosted_port}", f"https://127.0.0.1:{hosted_port}/v1"),
         ]
     )
+    if certificate is not None:
+        replicas += replica(
+            "hosted",
+            hosted_port,
+            "hosted-llama",
+            'api_key_env = "HOSTED_KEY"\nhealth_path = "/ready"\nmetrics = "none"\n',
+        ).replace(f"http://127.0.0.1:{hosted_port}", f"https://127.0.0.1:{hosted_port}/v1")
     path = write_config(tmp, ports, extra=replicas)
     path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 600\n", 1))
 
@@ -195,25 +238,19 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         ScriptProcess("scripted", [str(SCRIPTED_ENGINE), "--port", str(scripted_port)], tmp / "scripted.log"),
         ScriptProcess("busy", [str(SCRIPTED_ENGINE), "--port", str(busy_port), "--busy"], tmp / "busy.log"),
         Service("fake-a", ["fake-engine", "--name", "fake-a", "--port", str(fake_port)], tmp / "fake-a.log"),
-        ScriptProcess(
-            "hosted",
-            [
-                str(SCRIPTED_ENGINE),
-                "--port",
-                str(hosted_port),
-                "--certfile",
-                str(cert),
-                "--keyfile",
-                str(key),
-            ],
-            tmp / "hosted.log",
-        ),
         Service(
             "classify",
             ["fake-engine", "--name", "classify", "--model", "fake-classifier", "--port", str(classify_port)],
             tmp / "classify.log",
         ),
     ]
+    plain = list(engines)
+    tls_env: dict[str, str] = {}
+    if certificate is not None:
+        cert, key = certificate
+        tls_env["SSL_CERT_FILE"] = str(cert)
+        hosted_args = ["--port", str(hosted_port), "--certfile", str(cert), "--keyfile", str(key)]
+        engines.append(ScriptProcess("hosted", [str(SCRIPTED_ENGINE), *hosted_args], tmp / "hosted.log"))
     scheduler = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log")
     dataplane = Service("dataplane", ["dataplane", "--config", str(path)], tmp / "dataplane.log")
     status_url = f"http://127.0.0.1:{ports.status}/status"
@@ -222,27 +259,26 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         with running(*engines, scheduler, dataplane):
             for engine in engines:
                 engine.start()
-            plain = [e for e in engines if e.name != "hosted"]
             for engine, port in zip(plain, (scripted_port, busy_port, fake_port, classify_port), strict=True):
                 engine.wait_http(f"http://127.0.0.1:{port}/health")
-            tls = ssl.create_default_context(cafile=str(cert))
+            if certificate is not None:
+                tls = ssl.create_default_context(cafile=str(certificate[0]))
 
-            def hosted_up() -> bool:
-                try:
-                    return httpx.get(
-                        f"https://127.0.0.1:{hosted_port}/health", verify=tls, timeout=1
-                    ).is_success
-                except httpx.HTTPError:
-                    return False
+                def hosted_up() -> bool:
+                    try:
+                        url = f"https://127.0.0.1:{hosted_port}/health"
+                        return httpx.get(url, verify=tls, timeout=1).is_success
+                    except httpx.HTTPError:
+                        return False
 
-            wait_until(hosted_up, what="the hosted engine over https")
-            scheduler.start(env={"SSL_CERT_FILE": str(cert)})
+                wait_until(hosted_up, what="the hosted engine over https")
+            scheduler.start(env=tls_env)
             dataplane.start(
                 env={
                     "LUFTPAUSE_TOKEN": TOKEN,
                     "SCRIPTED_KEY": ENGINE_KEY,
                     "HOSTED_KEY": HOSTED_KEY,
-                    "SSL_CERT_FILE": str(cert),
+                    **tls_env,
                 }
             )
             scheduler.wait_http(status_url)
@@ -259,7 +295,15 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
                 what="the dataplane to connect to the scheduler",
             )
             yield RealStack(
-                ports, scripted_port, hosted_port, cert, dataplane_url, status_url, dataplane, scheduler, tmp
+                ports,
+                scripted_port,
+                hosted_port,
+                certificate[0] if certificate else None,
+                dataplane_url,
+                status_url,
+                dataplane,
+                scheduler,
+                tmp,
             )
     finally:
         ghost.server_close()

@@ -95,6 +95,8 @@ def test_the_bearer_comparison():
 def test_a_hosted_endpoint_over_https_gets_its_key_at_its_v1_base_and_is_probed_at_its_health_path(
     real_stack: RealStack,
 ):
+    if real_stack.ca_file is None:
+        pytest.skip("no certificate could be made here: install cryptography, or openssl")
     tag = uuid.uuid4().hex[:12]
     body = {
         "model": "hosted-llama",
