@@ -135,3 +135,17 @@ def test_no_logprobs_means_no_label():
 def test_bad_decide_bodies_name_the_problem(body: bytes, problem: str):
     with pytest.raises(BadTurnRequest, match=problem):
         parse_decide(body)
+
+
+def test_a_decide_turn_follows_the_failure_contract_too(real_stack: RealStack):
+    failed = real_stack.turns_counted("decide", "failed")
+    with real_stack.client() as client:
+        r = client.post(
+            "/v1/decide",
+            json={"model": "ghost-llama", "input": "x", "labels": ["a", "b"]},
+            headers={"x-luftpause-run-id": "decide-ghost"},
+        )
+    assert r.status_code == 502
+    assert r.json()["error"]["message"].startswith("engine ghost: connect to 127.0.0.1:")
+    assert r.headers["x-luftpause-run-id"] == "decide-ghost"
+    assert real_stack.turns_counted("decide", "failed") == failed + 1
