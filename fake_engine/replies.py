@@ -8,7 +8,7 @@ The rule, so that a workload of "up to three tool calls" is reproducible:
   finish_reason "tool_calls". `tool_choice` "required" or a named function forces a call whatever
   the count. The tool is picked by hash among the offered ones (or is the named one), and its
   arguments are filled from its JSON schema.
-- Otherwise the reply is filler text of `EngineTiming.reply_tokens` tokens, finish_reason "stop",
+- Otherwise the reply is filler text of `EngineParams.reply_tokens` tokens, finish_reason "stop",
   or fewer tokens and finish_reason "length" when max_tokens cuts it. A tool call is never cut.
 
 Hashes are sha256 (never Python's salted `hash()`), so replies are the same in every process.
