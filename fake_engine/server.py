@@ -114,7 +114,9 @@ def create_app(
         "model_path": model,
         "tokenizer_path": model,
         "is_generation": True,
-        "max_running_requests": params.slots or None,
+        # Without a request cap the KV pool is the limit; SGLang then derives its figure from the
+        # pool the same way (half the pool's tokens, at most 4096), and routers expect a number.
+        "max_running_requests": params.slots or min(params.kv_pool_tokens // 2, 4096),
         "max_total_num_tokens": params.kv_pool_tokens,
         "version": "luftpause-fake-engine",
     }

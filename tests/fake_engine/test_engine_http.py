@@ -290,3 +290,17 @@ async def test_a_stream_sends_several_tokens_a_chunk_when_asked() -> None:
     contents = [e["choices"][0]["delta"].get("content") for e in events[1:-2]]
     assert len(contents) == 4  # 32 tokens, 8 a chunk
     assert all(len(text.split()) == 8 for text in contents)
+
+
+async def test_the_time_scale_stretches_every_modelled_duration() -> None:
+    # Ten tokens: the prefill pass gives the first, nine decode steps of 20 ms the rest, so 0.18 s
+    # modelled and at least 0.9 s on the wall at five times slower.
+    params = EngineParams(reply_tokens=10, decode_base_s=0.02, decode_per_seq_s=0.0, prefill_base_s=0.0)
+    app = create_app(name="fake-t", model="fake-llama", params=params, time_scale=5.0)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        r = await c.post("/v1/chat/completions", json=body())
+        took = loop.time() - began
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 10
+    assert took >= 5.0 * 0.18 * 0.95, f"a 0.18 s reply at time scale 5 took only {took:.2f} s"
