@@ -4,7 +4,8 @@ Every probe period (2 s by default) each replica's `health_path` is fetched, and
 that report load, its Prometheus `/metrics`; each fetch gives up after the probe period too, so
 a slow replica cannot stall the next round. A health answer other than 2xx, or none, makes the
 replica unhealthy. Load is the engine's own count of requests it runs and requests it queues,
-summed over label sets (one engine may report per data-parallel rank or per model).
+summed over label sets (one engine may report per data-parallel rank or per model). A router
+(`load_from` set) is probed for health only.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ async def probe(
     except httpx.HTTPError:
         healthy = False
     load: tuple[int, int] | None = None
-    if healthy and replica.metrics != "none":
+    # A router's own /metrics says nothing about its engines' queues; the core sums the load of
+    # the replicas it names in `load_from` instead.
+    if healthy and replica.metrics != "none" and not replica.load_from:
         try:
             answer = await client.get(base + "/metrics", headers=headers, timeout=timeout_s)
             if answer.status_code == 200:

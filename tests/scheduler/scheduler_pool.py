@@ -19,8 +19,14 @@ from luftpause.scheduler.events import (
 from luftpause.scheduler.state import Kind, ServiceClass, State, TurnStatus
 
 
-def spec(name: str, *models: str, kind: Kind = Kind.GENERATIVE, reports_load: bool = True) -> ReplicaSpec:
-    return ReplicaSpec(name, f"http://{name}", kind, models or ("m",), reports_load)
+def spec(
+    name: str,
+    *models: str,
+    kind: Kind = Kind.GENERATIVE,
+    reports_load: bool = True,
+    load_from: tuple[str, ...] = (),
+) -> ReplicaSpec:
+    return ReplicaSpec(name, f"http://{name}", kind, models or ("m",), reports_load, load_from)
 
 
 class Pool:

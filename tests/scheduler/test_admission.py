@@ -491,3 +491,85 @@ def test_reconfiguring_the_pool_keeps_probe_results_and_refuses_turns_it_can_no_
 def test_decide_rejects_something_that_is_not_an_event():
     with pytest.raises(TypeError):
         decide(State(), "TurnArrived")  # type: ignore[arg-type]
+
+
+# --- routers --------------------------------------------------------------------------------
+
+
+def test_a_router_takes_its_load_from_the_engines_behind_it():
+    # The engines are in the pool for their load; only the router serves the model clients ask for.
+    pool = Pool(spec("router", "m", load_from=("e1", "e2")), spec("e1", "internal"), spec("e2", "internal"))
+    pool.probe("e1", running=2, waiting=0)
+    pool.probe("e2", running=1, waiting=0)
+    router = pool.state.replicas["router"]
+    assert (router.running, router.waiting, router.capacity()) == (3, 0, None)
+
+    pool.probe("e2", running=1, waiting=2)
+    router = pool.state.replicas["router"]
+    assert (router.running, router.waiting, router.capacity()) == (3, 2, 3)
+    assert [r for _, r in placements(pool.arrive("t1") + pool.arrive("t2") + pool.arrive("t3"))] == [
+        "router"
+    ] * 3
+    assert pool.arrive("t4") == ()
+    # The engines stop queueing: the held turn goes out at that probe, not the router's.
+    assert placements(pool.probe("e2", running=2, waiting=0)) == [("t4", "router")]
+
+
+def test_a_routers_own_metrics_are_not_its_load():
+    pool = Pool(spec("router", "m", load_from=("e1",)), spec("e1", "internal"))
+    pool.probe("e1", running=4, waiting=0)
+    pool.probe("router", running=0, waiting=9)
+    router = pool.state.replicas["router"]
+    assert (router.running, router.waiting, router.capacity()) == (4, 0, None)
+
+
+def test_a_router_whose_engines_were_never_read_is_not_capped():
+    pool = Pool(spec("router", "m", load_from=("e1",)), spec("e1", "internal"))
+    assert pool.state.replicas["router"].capacity() is None
+    assert placements(pool.arrive("t1")) == [("t1", "router")]
+
+
+def test_an_unhealthy_router_takes_no_turns_even_when_its_engines_are_idle():
+    pool = Pool(spec("router", "m", load_from=("e1",)), spec("e1", "internal"))
+    pool.probe("router", healthy=False)
+    pool.probe("e1", running=0, waiting=0)
+    assert pool.arrive("t1") == ()
+
+
+# --- what else frees room ---------------------------------------------------------------------
+
+
+def test_a_paused_interactive_run_that_ends_frees_the_slot_batch_left_for_it():
+    pool = Pool(spec("a"))
+    pool.probe("a", running=1, waiting=1)
+    pool.arrive("i1", run_id="ri")
+    pool.complete("i1", tool_calls=True)
+    assert pool.arrive("b1", cls="batch") == ()
+    assert placements(pool.end_run("ri")) == [("b1", "a")]
+
+
+def test_a_runs_held_turns_follow_its_pin_and_keep_their_order():
+    pool = Pool(spec("a"), spec("b"))
+    pool.probe("a", running=1, waiting=1)
+    pool.probe("b", running=1, waiting=1)
+    pool.arrive("t1", run_id="r1")  # on a: r1 is pinned there
+    pool.arrive("x1", run_id="rx")  # on b
+    for i in range(2, 6):
+        pool.arrive(f"t{i}", run_id="r1")
+    assert pool.held() == ["t2", "t3", "t4", "t5"]
+    # b frees up first, but r1 is generating on a: its turns wait for a.
+    assert pool.complete("x1") == ()
+    assert placements(pool.complete("t1")) == [("t2", "a")]
+    assert placements(pool.complete("t2")) == [("t3", "a")]
+
+
+def test_many_held_turns_of_one_caller_do_not_delay_another_caller():
+    pool = Pool(spec("a"))
+    pool.probe("a", running=2, waiting=1)
+    pool.arrive("f0", caller="flood")
+    pool.arrive("f1", caller="flood")
+    for i in range(2, 50):
+        pool.arrive(f"f{i}", caller="flood")
+    pool.arrive("q1", caller="quiet")
+    assert placements(pool.complete("f0")) == [("q1", "a")]
+    assert placements(pool.complete("f1")) == [("f2", "a")]
