@@ -17,7 +17,8 @@ There are three kinds of thing, each with a small state machine:
             once and the first failed probe takes it out), with the engine's load as last read:
             `running` and `waiting`. While the engine queues nothing, a replica takes turns; once
             it reports a queue, our turns in flight there are capped at what it runs. A replica
-            whose engine reports no load is never capped.
+            whose engine reports no load is never capped. A router (`load_from`) is a replica
+            whose load is the sum of the last readings of the engines behind it.
 
   Run       IDLE -> GENERATING when one of its turns is placed;
             GENERATING -> PAUSED when that turn completes in tool calls (the run will be back,
@@ -38,11 +39,21 @@ is uncapped or our turns there are below its cap; a batch turn must also leave o
 each interactive run paused on a tool there. Of the replicas with room, the one with the fewest
 of our turns in flight wins; ties go to config order.
 
-Draining. Whenever room may have appeared (a turn arrived or ended, a probe, a resync, a tick that
-expired something), held turns are tried in order: interactive before batch, then the caller with
-the fewest turns in flight (so one caller's flood cannot starve another), then arrival. A turn
-that cannot be placed (its pinned replica is full) does not block the ones behind it. The order is
-re-evaluated after each placement, since placing a turn changes its caller's count.
+Draining. After every event but a turn's progress report (which frees nothing), held turns are
+tried in order: interactive before batch, then the caller with the fewest turns in flight (so one
+caller's flood cannot starve another), then arrival. A turn that cannot be placed (its pinned
+replica is full) does not block the ones behind it. The order is re-evaluated after each
+placement, since placing a turn changes its caller's count. So after every decision no held turn
+has a replica it could go to.
+
+Cost. Nothing here scans every turn or run. Held turns are indexed by group: (kind, model, the
+replica their run is pinned to, class). All turns of a group can go to the same replicas, so the
+drain asks "is there room?" once per group, and each group keeps its callers in a sorted set keyed
+(turns in flight, first arrival), so the group's first key is the turn it would place next. Under a
+caller, a run's turns of one group form a lane that enters the group by its first turn only, so a
+run whose pin moves moves one entry per lane. Placed turns and quiet runs sit in sorted sets by
+time, so expiry looks only at what is due. Each index is a persistent map or B-tree: a decision
+costs O(log n) in the turns and runs held, plus one look at each replica and group per placement.
 """
 
 from __future__ import annotations
