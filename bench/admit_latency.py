@@ -1,0 +1,175 @@
+"""Admit round trip on loopback: how long the dataplane waits for the scheduler when there is room.
+
+Starts a real scheduler process (`python -m luftpause scheduler`) on free loopback ports in front
+of one stand-in replica (a tiny HTTP server in this process answering /health, and reporting no
+load, so every turn is placed at once), then calls Admit the way the dataplane does: one gRPC
+channel, one turn at a time (`--concurrency` at once, if asked), each turn reported completed on
+one long-lived Report stream right after its placement so the state stays small. Prints p50, p90,
+p99 and the mean of the Admit call alone, as the client sees it, and writes the record under
+bench/results/.
+
+    luftpause bench admit_latency [--turns 3000] [--concurrency 1] [--warmup 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+
+from luftpause.bench import results
+from luftpause.proto import pb, rpc
+
+MODEL = "bench-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Healthy(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        status = 200 if self.path == "/health" else 404
+        self.send_response(status)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _scheduler(tmp: Path):
+    replica = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    grpc_port, status_port = _free_port(), _free_port()
+    config = tmp / "luftpause.toml"
+    config.write_text(
+        f"[scheduler]\ngrpc_port = {grpc_port}\nstatus_port = {status_port}\n\n"
+        f'[[replicas]]\nname = "stand-in"\nurl = "http://127.0.0.1:{replica.server_address[1]}"\n'
+        f'models = ["{MODEL}"]\nmetrics = "none"\n'
+    )
+    log = (tmp / "scheduler.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "luftpause", "--log-level", "WARNING", "scheduler", "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the scheduler exited: {(tmp / 'scheduler.log').read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                doc = httpx.get(f"http://127.0.0.1:{status_port}/status", timeout=1).json()
+                if doc["replicas"][0]["probed"]:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the scheduler did not come up within 30 s")
+            time.sleep(0.05)
+        yield f"127.0.0.1:{grpc_port}"
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+        replica.shutdown()
+        log.close()
+
+
+async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> list[float]:
+    reports: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
+
+    async def outgoing() -> AsyncIterator[pb.TurnEvent]:
+        while (event := await reports.get()) is not None:
+            yield event
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = rpc.SchedulerStub(channel)
+        await stub.Resync(pb.ResyncRequest(), timeout=10)
+        stream = stub.Report(outgoing())
+        latencies: list[float] = []
+        counter = iter(range(warmup + turns))
+
+        async def worker() -> None:
+            for n in counter:
+                request = pb.AdmitRequest(
+                    turn_id=f"t{n}", run_id=f"r{n % 1000}", model=MODEL, caller=f"c{n % 10}"
+                )
+                started = time.perf_counter()
+                reply = await stub.Admit(request, timeout=10)
+                elapsed = time.perf_counter() - started
+                if reply.outcome != pb.AdmitReply.PLACED:
+                    raise RuntimeError(f"turn t{n} not placed: {reply}")
+                if n >= warmup:
+                    latencies.append(elapsed)
+                completed = pb.TurnCompleted(finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+                reports.put_nowait(
+                    pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, completed=completed)
+                )
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        reports.put_nowait(None)
+        await stream
+    return latencies
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="luftpause bench admit_latency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=3000, help="Admit calls measured")
+    p.add_argument("--warmup", type=int, default=200, help="Admit calls made first and not measured")
+    p.add_argument("--concurrency", type=int, default=1, help="Admit calls in flight at once")
+    p.add_argument("--no-record", action="store_true", help="print only; write nothing under bench/results/")
+    args = p.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="luftpause-admit-") as tmp, _scheduler(Path(tmp)) as target:
+        latencies = asyncio.run(_measure(target, args.turns, args.warmup, args.concurrency))
+    ms = [x * 1000 for x in latencies]
+    row: dict[str, Any] = {
+        "turns": len(ms),
+        "concurrency": args.concurrency,
+        "p50_ms": round(_quantile(ms, 0.50), 3),
+        "p90_ms": round(_quantile(ms, 0.90), 3),
+        "p99_ms": round(_quantile(ms, 0.99), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+        "max_ms": round(max(ms), 3),
+    }
+    table = (
+        "| Admit calls | concurrency | p50 ms | p90 ms | p99 ms | mean ms | max ms |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"| {row['turns']:,} | {row['concurrency']} | {row['p50_ms']} | {row['p90_ms']} | {row['p99_ms']} | "
+        f"{row['mean_ms']} | {row['max_ms']} |"
+    )
+    print(table)
+    if not args.no_record:
+        print(f"\nrecord: {results.write('admit_latency', row, table)}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
