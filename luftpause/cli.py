@@ -180,7 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_loadgen)
 
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
-    p.add_argument("scenario", choices=["fanout", "proxy_overhead", "sim", "scheduler_core", "admit_latency"], help="which benchmark")
+    p.add_argument(
+        "scenario",
+        choices=["fanout", "proxy_overhead", "sim", "scheduler_core", "admit_latency"],
+        help="which benchmark",
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_bench)
     return parser
