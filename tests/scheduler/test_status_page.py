@@ -1,0 +1,245 @@
+"""The status page as a person sees it: loaded in headless Chromium against a running scheduler.
+
+Chromium runs the page's script (with a virtual-time budget, so its 2 s polling has happened by
+the time the DOM is dumped), and the test reads the rendered tables: the replicas, a turn held
+for a caller, and, with `?runtime=`, a runtime's run tree with subtree totals, read from a
+stand-in runtime (with a tree and totals, or with only a flat list of runs, or not there).
+Skipped, saying why, where no Chromium is installed (Debian: `apt-get install -y chromium`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+from support import Ports, Service, free_port, running, wait_until, write_config
+
+from luftpause.proto import pb, rpc
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no headless Chromium here (Debian: apt-get install -y chromium)"
+)
+
+
+def _run(handle: str, parent: str | None, task: str, turns: int, tools: int, prompt: int, out: int) -> dict:
+    return {
+        "handle": handle,
+        "status": "Running",
+        "parent": parent,
+        "task": task,
+        "toolCalls": tools,
+        "turns": turns,
+        "promptTokens": prompt,
+        "completionTokens": out,
+    }
+
+
+ROOT = _run("run-root", None, "Survey the rivers of Europe", 3, 2, 900, 120)
+CHILD_1 = _run("run-volga", "run-root", "Measure the Volga", 2, 1, 400, 50)
+CHILD_2 = _run("run-danube", "run-root", "Measure the Danube", 4, 3, 700, 80)
+# The runtime's current shape: every run flat with its children's handles, and a tree whose
+# nodes carry their subtree totals.
+WITH_TREE = {
+    "runs": [{**r, "children": []} for r in (ROOT, CHILD_1, CHILD_2)],
+    "tree": [
+        {
+            **ROOT,
+            "subtree": {"turns": 9, "toolCalls": 6, "promptTokens": 2000, "completionTokens": 250},
+            "children": [{**CHILD_1, "children": []}, {**CHILD_2, "children": []}],
+        }
+    ],
+}
+# An older runtime: a flat list with parents and nothing else; the page sums the subtree itself.
+FLAT = {"runs": [ROOT, CHILD_1, CHILD_2]}
+
+
+class _RuntimeStandIn:
+    """Serves /tree/status and /flat/status with the CORS headers the runtime sends."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                doc = {"/tree/status": WITH_TREE, "/flat/status": FLAT}.get(self.path)
+                body = json.dumps(doc).encode() if doc is not None else b"{}"
+                self.send_response(200 if doc is not None else 404)
+                self.send_header("content-type", "application/json")
+                self.send_header("access-control-allow-origin", "*")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Tables(HTMLParser):
+    """The text of each cell of each <tbody id=...>, row by row, and of each element with an id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: dict[str, list[list[str]]] = {}
+        self.texts: dict[str, str] = {}
+        self._body: str | None = None
+        self._cell: list[str] | None = None
+        self._ids: list[tuple[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "tbody" and a.get("id"):
+            self._body = a["id"]
+            self.bodies[self._body] = []
+        elif tag == "tr" and self._body is not None:
+            self.bodies[self._body].append([])
+        elif tag == "td" and self._body is not None:
+            self._cell = []
+        if a.get("id"):
+            self._ids.append((tag, a["id"] or ""))
+            self.texts.setdefault(a["id"] or "", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None and self._body is not None:
+            self.bodies[self._body][-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tbody":
+            self._body = None
+        if self._ids and self._ids[-1][0] == tag:
+            self._ids.pop()
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        for _, element in self._ids:
+            self.texts[element] += data
+
+
+def _render(url: str, profile: Path) -> _Tables:
+    assert CHROMIUM is not None
+    out = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    tables = _Tables()
+    tables.feed(out.stdout)
+    return tables
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ports, Path]]:
+    tmp = tmp_path_factory.mktemp("status-page")
+    # Two replicas nobody answers for: the first probe finds them unhealthy, so a turn is held.
+    ports = Ports(engines=[free_port(), free_port()])
+    path = write_config(tmp, ports)
+    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1))
+    service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log").start()
+    with running(service):
+        service.wait_http(f"http://127.0.0.1:{ports.status}/status")
+        yield ports, tmp
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[_RuntimeStandIn]:
+    stand_in = _RuntimeStandIn()
+    yield stand_in
+    stand_in.close()
+
+
+def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, tmp_path: Path):
+    ports, _ = scheduler
+    import httpx
+
+    wait_until(
+        lambda: all(
+            r["probed"] and not r["healthy"]
+            for r in httpx.get(f"http://127.0.0.1:{ports.status}/status").json()["replicas"]
+        ),
+        what="both replicas probed unhealthy",
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
+        admit = rpc.SchedulerStub(channel).Admit.future(
+            pb.AdmitRequest(turn_id="page-t1", run_id="page-r1", model="fake-llama", caller="page-team"),
+            timeout=60,
+        )
+        try:
+            wait_until(
+                lambda: httpx.get(f"http://127.0.0.1:{ports.status}/status").json()["held"]["count"] == 1,
+                what="the turn to be held",
+            )
+            page = _render(f"http://127.0.0.1:{ports.status}/", tmp_path / "profile")
+        finally:
+            admit.cancel()
+
+    replicas = {r[0]: r for r in page.bodies["replicas"]}
+    assert set(replicas) == {"fake-a", "fake-b"}
+    assert replicas["fake-a"][1:4] == ["generative", "fake-llama", "unhealthy"]
+    assert replicas["fake-a"][4] == "0 / uncapped"
+    held = {r[0]: r[1] for r in page.bodies["held"]}
+    assert held["all"] == "1" and held["class interactive"] == "1" and held["caller page-team"] == "1"
+    assert page.texts["error"] == ""
+    assert "updated" in page.texts["updated"]
+    assert page.bodies["runtime-runs"] == [], "no runtime asked for, none shown"
+
+
+def test_with_a_runtime_the_page_shows_its_run_tree_and_subtree_totals(scheduler, runtime, tmp_path: Path):
+    ports, _ = scheduler
+    page = _render(f"http://127.0.0.1:{ports.status}/?runtime={runtime.url}/tree", tmp_path / "profile")
+    rows = page.bodies["runtime-runs"]
+    assert [r[0].replace("\u2003", " ").strip() for r in rows] == ["run-root", "└ run-volga", "└ run-danube"]
+    root = rows[0]
+    assert root[1:3] == ["Running", "Survey the rivers of Europe"]
+    assert root[3:6] == ["3", "2", "900 / 120"], "the root's own work"
+    assert root[6:9] == ["9", "6", "2000 / 250"], "the subtree totals the runtime sent"
+    assert page.texts["runtime-error"] == ""
+    assert {r[0] for r in page.bodies["replicas"]} == {"fake-a", "fake-b"}
+
+
+def test_a_runtime_without_a_tree_gets_its_subtree_summed_from_the_flat_list(
+    scheduler, runtime, tmp_path: Path
+):
+    ports, _ = scheduler
+    page = _render(f"http://127.0.0.1:{ports.status}/?runtime={runtime.url}/flat", tmp_path / "profile")
+    rows = page.bodies["runtime-runs"]
+    assert [r[0].replace("\u2003", " ").strip() for r in rows] == ["run-root", "└ run-volga", "└ run-danube"]
+    assert rows[0][6:9] == ["9", "6", "2000 / 250"]
+    assert rows[1][6:9] == ["2", "1", "400 / 50"]
+
+
+def test_a_runtime_that_cannot_be_read_is_named_and_the_scheduler_still_shows(scheduler, tmp_path: Path):
+    ports, _ = scheduler
+    nobody = f"http://127.0.0.1:{free_port()}"
+    page = _render(f"http://127.0.0.1:{ports.status}/?runtime={nobody}", tmp_path / "profile")
+    assert page.texts["runtime-error"].startswith(f"runtime at {nobody} not readable")
+    assert {r[0] for r in page.bodies["replicas"]} == {"fake-a", "fake-b"}
