@@ -110,4 +110,5 @@ async def test_the_app_serves_the_document_a_run_a_404_and_the_page():
         assert (await client.get("/elsewhere")).json() == {"error": {"message": "Not Found"}}
         page = await client.get("/")
         assert page.headers["content-type"].startswith("text/html")
-        assert "setInterval(refresh, 2000)" in page.text
+        assert "const PERIOD_MS = 2000;" in page.text
+        assert "setInterval(refresh, PERIOD_MS)" in page.text
