@@ -289,6 +289,9 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
         return
     turn = Turn(e.turn_id, e.run_id, e.service_class, e.caller, e.model, e.kind, e.at, tx.next_seq)
     tx.next_seq += 1
+    tx.turns = tx.turns.set(turn.turn_id, turn)
+    # Counted open before the run is touched, so the run leaves the quiet index once, not twice.
+    _open(tx, turn.run_id, 1)
     if _tracks_run(turn):
         run = tx.runs.get(e.run_id)
         # The class and caller are per turn; the run carries the latest.
@@ -297,7 +300,7 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
         else:
             run = Run(e.run_id, e.service_class, e.caller, run.phase, run.replica, e.at)
         _set_run(tx, e.run_id, run)
-    _add_turn(tx, turn)
+    _hold(tx, turn, _group(tx, turn))
 
 
 def _turn_progressed(tx: _Tx, e: TurnStarted | FirstToken, actions: list[Action]) -> None:
@@ -488,7 +491,6 @@ def _end_turn(tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = T
     else:
         _count_placed(tx, turn, -1)
     tx.turns = tx.turns.delete(turn_id)
-    _open(tx, turn.run_id, -1)
     run = tx.runs.get(turn.run_id) if tracked else None
     if run is not None:
         still_running = turn.run_id in tx.run_placed
@@ -504,6 +506,8 @@ def _end_turn(tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = T
                 at if touch else run.last_activity,
             ),
         )
+    # Uncounted after the run is updated, so a run going quiet enters the quiet index once.
+    _open(tx, turn.run_id, -1)
     return turn
 
 

@@ -112,19 +112,14 @@ class SortedSet:
         self._root = root
         self._len = size
 
-    @classmethod
-    def _of(cls, root: Any, size: int) -> SortedSet:
-        s = object.__new__(cls)
-        s._root = root
-        s._len = size
-        return s
-
     def add(self, key: Any) -> SortedSet:
         parts = _insert(self._root, key)
         if parts is None:
             return self
-        root = parts[0] if len(parts) == 1 else _Branch(tuple(_last(p) for p in parts), parts)
-        return SortedSet._of(root, self._len + 1)
+        s = object.__new__(SortedSet)
+        s._root = parts[0] if len(parts) == 1 else _Branch(tuple(_last(p) for p in parts), parts)
+        s._len = self._len + 1
+        return s
 
     def remove(self, key: Any) -> SortedSet:
         """The set without `key`; the same set when it is absent."""
@@ -133,7 +128,10 @@ class SortedSet:
             return self
         while type(root) is _Branch and len(root.kids) == 1:
             root = root.kids[0]
-        return SortedSet._of(root, self._len - 1)
+        s = object.__new__(SortedSet)
+        s._root = root
+        s._len = self._len - 1
+        return s
 
     def first(self) -> Any:
         """The smallest key, or None when the set is empty."""

@@ -84,6 +84,10 @@ def pinned_to(state: State, turn: Turn) -> str | None:
     return run.replica
 
 
+def _tracks(turn: Turn) -> bool:
+    return turn.kind is Kind.GENERATIVE and bool(turn.run_id)
+
+
 def in_flight(state: State) -> Counter[str]:
     return Counter(t.replica for t in state.turns.values() if t.status is TurnStatus.PLACED)
 
@@ -335,6 +339,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             turn = self.state.turns[a.turn_id]
             if turn.run_id in moved or isinstance(event, ReplicaProbed | PoolConfigured):
                 continue
+            # A turn of the run placed earlier in the same drain re-pins it (perhaps to a replica
+            # that does not serve this turn's model, which frees it); the pin then is that one.
+            moved.add(turn.run_id)
             pin = pinned_to(before, turn)
             assert pin is None or a.replica == pin, f"{turn.run_id} left {pin} for {a.replica}"
 
@@ -350,7 +357,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     def fewer_in_flight_and_then_earlier_goes_first(self) -> None:
         places = self.new_places()
         counts = Counter(t.caller for t in self.state.turns.values() if t.status is TurnStatus.PLACED)
-        still_held = [t for t in self.state.held() if pinned_to(self.state, t) is None]
+        # Turns free to go anywhere during the whole drain: not pinned now, and their run had no
+        # turn placed in it (placing one is the only way a drain changes a run's pin).
+        placed_runs = {a.run_id for a in places}
+        still_held = [
+            t
+            for t in self.state.held()
+            if pinned_to(self.state, t) is None and not (_tracks(t) and t.run_id in placed_runs)
+        ]
         for i, p in enumerate(places):
             placed = self.state.turns[p.turn_id]
             later = Counter(self.state.turns[q.turn_id].caller for q in places[i:])
