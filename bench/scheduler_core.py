@@ -4,9 +4,9 @@ A saturated pool, driven in-process through `decide` with no I/O: four replicas 
 report a waiting queue, so each takes as many of our turns as it runs (`--slots`) and everything
 beyond is held. 1,000 runs of 100 callers (every fifth run batch) keep `--held` turns waiting.
 Each cycle then does what a busy stack does: the oldest turn in flight completes (every other
-one in tool calls, so runs pause and come back), which frees a slot and places the next held
-turn; that turn is reported started and given its first token; a new turn arrives to keep the
-held count steady. A probe every 100 events and a clock tick every 1,000 go through as well.
+one in tool calls, so runs pause), which frees a slot and places the next held turn that may go
+there; that turn is reported started and given its first token; new turns arrive until the held
+count is back where it was. A probe every 100 events and a clock tick every 1,000 go through as well.
 Every `decide` call counts as one decision, whatever its event.
 
 The run is repeated for each held count in `--sizes` (default 100, 1,000, 10,000); the growth
@@ -48,7 +48,7 @@ class _Workload:
     """A saturated pool and the bookkeeping a dataplane would keep to drive it."""
 
     def __init__(self, held: int, runs: int, callers: int, slots: int) -> None:
-        self.runs, self.callers, self.slots = runs, callers, slots
+        self.runs, self.callers, self.slots, self.target = runs, callers, slots, held
         self.now = 0.0
         self.decisions = 0
         self.next_turn = 0
@@ -86,26 +86,23 @@ class _Workload:
             )
         )
 
+    def held(self) -> int:
+        return len(self.state.turns) - len(self.in_flight)
+
     def cycle(self, i: int) -> None:
-        """One completion and what follows it: five decisions, plus the odd probe and tick."""
+        """The oldest turn in flight completes; what it frees is placed and started; arrivals top up."""
         self.now += 0.001
-        turn, run = self.in_flight.popleft()
-        tool_calls = i % 2 == 0
-        self._feed(
-            TurnCompleted(
-                turn,
-                run,
-                "tool_calls" if tool_calls else "stop",
-                500,
-                50,
-                ("call",) if tool_calls else (),
-                self.now,
-            )
-        )
-        placed, placed_run = self.in_flight[-1]
-        self._feed(TurnStarted(placed, placed_run, self.now))
-        self._feed(FirstToken(placed, placed_run, self.now))
-        self._arrive()
+        if self.in_flight:
+            turn, run = self.in_flight.popleft()
+            tool_calls = i % 2 == 0
+            reason, ids = ("tool_calls", ("call",)) if tool_calls else ("stop", ())
+            before = len(self.in_flight)
+            self._feed(TurnCompleted(turn, run, reason, 500, 50, ids, self.now))
+            for placed, placed_run in list(self.in_flight)[before:]:
+                self._feed(TurnStarted(placed, placed_run, self.now))
+                self._feed(FirstToken(placed, placed_run, self.now))
+        while self.held() < self.target:
+            self._arrive()
         if i % 20 == 0:
             self._probe(REPLICAS[(i // 20) % len(REPLICAS)])
         if i % 200 == 0:
@@ -123,8 +120,7 @@ def measure(held: int, events: int, runs: int, callers: int, slots: int) -> dict
         i += 1
     elapsed = time.perf_counter() - started
     decisions = work.decisions - start_decisions
-    held_now = len(work.state.turns) - len(work.in_flight)
-    assert held_now == held, f"held count drifted to {held_now}"
+    assert work.held() == held, f"held count drifted to {work.held()}"
     return {
         "held": held,
         "runs": len(work.state.runs),

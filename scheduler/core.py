@@ -530,7 +530,7 @@ def _set_caller_in_flight(tx: _Tx, caller: str, count: int) -> None:
     )
     for group in tx.caller_groups.get(caller, ()):
         head = tx.held_queues[(group, caller)].first()[0]
-        callers = tx.held_groups[group].remove((before, head, caller)).add((count, head, caller))
+        callers = tx.held_groups[group].replace((before, head, caller), (count, head, caller))
         tx.held_groups = tx.held_groups.set(group, callers)
 
 
@@ -589,7 +589,7 @@ def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
         first = queue.first()[0]
         tx.held_queues = tx.held_queues.set(key, queue.add((head, lane)))
         if head < first:
-            callers = callers.remove((count, first, caller)).add((count, head, caller))
+            callers = callers.replace((count, first, caller), (count, head, caller))
     tx.held_groups = tx.held_groups.set(group, callers)
 
 
@@ -609,7 +609,7 @@ def _unhold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
     else:
         tx.held_queues = tx.held_queues.set(key, queue)
         if head == first:
-            callers = callers.remove((count, first, caller)).add((count, queue.first()[0], caller))
+            callers = callers.replace((count, first, caller), (count, queue.first()[0], caller))
     tx.held_groups = tx.held_groups.set(group, callers) if callers else tx.held_groups.delete(group)
 
 
