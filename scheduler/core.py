@@ -643,12 +643,14 @@ def _rooms(tx: _Tx) -> tuple[frozenset[str], frozenset[str]]:
     for replica in tx.replicas.values():
         if not replica.healthy:
             continue
-        cap = replica.capacity()
         name = replica.name
-        if cap is None:
+        waiting = replica.waiting
+        # `Replica.capacity`, inlined: this loop runs on every decision that may place a turn.
+        if not replica.reports_load or waiting is None or waiting <= 0:
             interactive.append(name)
             batch.append(name)
             continue
+        cap = replica.running or 0
         used = in_flight.get(name, 0)
         if used < cap:
             interactive.append(name)
