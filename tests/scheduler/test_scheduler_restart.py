@@ -156,6 +156,12 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
         scheduler.wait_http(status_url)
         dataplane.wait_http(f"{dataplane_url}/health")
         wait_until(connected, what="the dataplane to connect to the scheduler")
+        wait_until(
+            lambda: all(
+                r["probed"] and r["healthy"] for r in httpx.get(status_url, timeout=5).json()["replicas"]
+            ),
+            what="the scheduler to find both engines healthy",
+        )
 
         for t in threads:
             t.start()
