@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import statistics
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=1, help="Admit calls in flight at once")
     p.add_argument("--no-record", action="store_true", help="print only; write nothing under bench/results/")
     args = p.parse_args(argv)
+    # Waiting for the scheduler polls its /status; each poll is not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     with tempfile.TemporaryDirectory(prefix="luftpause-admit-") as tmp, _scheduler(Path(tmp)) as target:
         latencies = asyncio.run(_measure(target, args.turns, args.warmup, args.concurrency))
