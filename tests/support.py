@@ -127,9 +127,19 @@ class Ports:
 
 
 def write_config(
-    directory: Path, ports: Ports, extra: str = "", models: tuple[str, ...] = ("fake-llama",)
+    directory: Path,
+    ports: Ports,
+    extra: str = "",
+    models: tuple[str, ...] = ("fake-llama",),
+    tool_server: str | None = None,
 ) -> Path:
-    """Writes a config file for a stack on `ports` (two fake engines) and returns its path."""
+    """Writes a config file for a stack on `ports` (two fake engines) and returns its path.
+
+    The runtime's one tool server is fake-mcp on `ports.fake_mcp`, unless `tool_server` gives the
+    body of another `[[runtime.mcp_servers]]` table (e.g. `name = ...` and `command = [...]`).
+    """
+    if tool_server is None:
+        tool_server = f'name = "fake-mcp"\nurl = "http://127.0.0.1:{ports.fake_mcp}/mcp"'
     model_list = ", ".join(f'"{m}"' for m in models)
     replicas = "".join(
         f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = [{model_list}]\n'
@@ -150,8 +160,7 @@ dataplane = "http://127.0.0.1:{ports.dataplane}"
 state_dir = "{directory / "state"}"
 
 [[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{ports.fake_mcp}/mcp"
+{tool_server}
 {replicas}
 {extra}
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
-from support import Ports, http_ok, start_up, stop_up, wait_until
+from support import Ports, http_ok, start_up, stop_up, wait_until, write_config
 from test_runtime_e2e import call, task_planning
 
 FIXTURE = Path(__file__).resolve().parent / "tool_fixture.py"
@@ -25,34 +25,8 @@ RUNS = 8
 
 
 def write_stack_config(directory: Path, ports: Ports, calls_log: Path) -> Path:
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["fake-llama"]\n'
-        for i, port in enumerate(ports.engines)
-    )
     command = json.dumps([sys.executable, str(FIXTURE), "--log", str(calls_log), "--delay", "1.0"])
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"""
-[scheduler]
-grpc_port = {ports.grpc}
-status_port = {ports.status}
-
-[dataplane]
-port = {ports.dataplane}
-scheduler = "127.0.0.1:{ports.grpc}"
-
-[runtime]
-port = {ports.runtime}
-dataplane = "http://127.0.0.1:{ports.dataplane}"
-state_dir = "{directory / "state"}"
-
-[[runtime.mcp_servers]]
-name = "counting"
-command = {command}
-{replicas}
-"""
-    )
-    return path
+    return write_config(directory, ports, tool_server=f'name = "counting"\ncommand = {command}')
 
 
 def journal(directory: Path) -> list[dict]:
