@@ -190,20 +190,12 @@ class Decide:
         proxy = self.proxy
         # vLLM serves /classify at its root, beside /v1, not under it.
         request = proxy.engine_request(turn, placement, "/classify", body)
-        upstream = await proxy.exchange(turn, request, answer, client_left)
-        if upstream is None:
+        fetched = await proxy.fetch_whole(turn, request, answer, client_left)
+        if fetched is None:
             return
-        try:
-            if upstream.status_code >= 400:
-                await proxy.pass_engine_error(turn, upstream, answer, client_left)
-                return
-            content = await proxy.read_whole(turn, upstream, answer, client_left)
-            if content is None:
-                return
-            proxy.ended(turn, observe_completion(content))
-            await answer.respond(content, upstream)
-        finally:
-            await upstream.aclose()
+        content, upstream = fetched
+        proxy.ended(turn, observe_completion(content))
+        await answer.respond(content, upstream)
 
     async def _score(
         self,
@@ -225,18 +217,10 @@ class Decide:
             "stream": False,
         }
         request = proxy.engine_request(turn, placement, "chat/completions", json.dumps(chat).encode())
-        upstream = await proxy.exchange(turn, request, answer, client_left)
-        if upstream is None:
+        fetched = await proxy.fetch_whole(turn, request, answer, client_left)
+        if fetched is None:
             return
-        try:
-            if upstream.status_code >= 400:
-                await proxy.pass_engine_error(turn, upstream, answer, client_left)
-                return
-            content = await proxy.read_whole(turn, upstream, answer, client_left)
-            if content is None:
-                return
-        finally:
-            await upstream.aclose()
+        content, _ = fetched
         observation = observe_completion(content)
         if observation.first_token:
             proxy.report(turn, first_token=pb.FirstToken())

@@ -299,6 +299,24 @@ class Proxy:
             await self._engine_unreachable(turn, answer, e)
         return None
 
+    async def fetch_whole(
+        self, turn: Turn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]
+    ) -> tuple[bytes, EngineResponse] | None:
+        """Sends a request whose reply is read whole (not streamed): the body and the response
+        (status and headers) when the engine answered below 400; None when the turn already ended
+        here (the client left, the engine was unreachable, or its refusal went to the client)."""
+        upstream = await self.exchange(turn, request, answer, client_left)
+        if upstream is None:
+            return None
+        try:
+            if upstream.status_code >= 400:
+                await self.pass_engine_error(turn, upstream, answer, client_left)
+                return None
+            content = await self.read_whole(turn, upstream, answer, client_left)
+            return None if content is None else (content, upstream)
+        finally:
+            await upstream.aclose()
+
     async def read_whole(
         self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> bytes | None:
