@@ -203,12 +203,7 @@ class _Connection(asyncio.Protocol):
             elif state == "length":
                 if not buffer:
                     break
-                take = min(len(buffer), self._remaining)
-                pieces.append(bytes(buffer[:take]))
-                del buffer[:take]
-                self._remaining -= take
-                if not self._remaining:
-                    self._state = "done"
+                self._take_body(buffer, pieces, then="done")
             elif state == "close":
                 if buffer:
                     pieces.append(bytes(buffer))
@@ -230,12 +225,7 @@ class _Connection(asyncio.Protocol):
             elif state == "chunk":
                 if not buffer:
                     break
-                take = min(len(buffer), self._remaining)
-                pieces.append(bytes(buffer[:take]))
-                del buffer[:take]
-                self._remaining -= take
-                if not self._remaining:
-                    self._state = "chunk-end"
+                self._take_body(buffer, pieces, then="chunk-end")
             elif state == "chunk-end":
                 if len(buffer) < 2:
                     break
@@ -267,6 +257,16 @@ class _Connection(asyncio.Protocol):
                 self.transport.pause_reading()
         if (pieces or self._done) and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _take_body(self, buffer: bytearray, pieces: list[bytes], then: str) -> None:
+        """Moves up to the rest of the current body (or chunk) from `buffer` to `pieces`; once it
+        is all there, the parser goes on to state `then`."""
+        take = min(len(buffer), self._remaining)
+        pieces.append(bytes(buffer[:take]))
+        del buffer[:take]
+        self._remaining -= take
+        if not self._remaining:
+            self._state = then
 
     def _read_head(self, head: bytes) -> None:
         status_line, _, rest = head.partition(b"\r\n")
