@@ -3,13 +3,15 @@
 Figures count runs that ended inside the measurement window (after the warm-up): runs a minute
 by class, the median run time by class, the share of prompt tokens served from the engines'
 prefix caches during the window, and how many runs had turns on more than one replica.
+Every replica orders its waiting queue by the request's priority, as the description's SGLang
+engines did (--enable-priority-scheduling); a request nobody marked keeps arrival order.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from luftpause.bench.sim.agents import Agent
 from luftpause.bench.sim.arms import ARMS
@@ -38,7 +40,10 @@ class ArmResult:
 
 
 def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams | None = None) -> ArmResult:
-    params = params or EngineParams()
+    # The description's test bed ran SGLang with --enable-priority-scheduling in every row. Arms
+    # that send no priority leave every request at the same value, so their order stays first
+    # come, first served; only an arm that marks its turns sees the engine reorder them.
+    params = replace(params or EngineParams(), priority_scheduling=True)
     wall = time.perf_counter()
     clock = VirtualClock()
     replicas = [SimReplica(f"fake-{chr(ord('a') + i)}", params, clock) for i in range(scenario.replicas)]
