@@ -26,6 +26,9 @@ RUNTIME_PORT = 7000
 FAKE_ENGINE_PORTS = (9001, 9002)
 FAKE_MCP_PORT = 9100
 DEFAULT_MODEL = "fake-llama"
+# Turns of ours that may wait in one engine's own queue at once, unless a replica says otherwise
+# (the rule is scheduler/admission.py's).
+LOOKAHEAD = 2
 
 
 class ConfigError(Exception):
@@ -51,6 +54,14 @@ class Replica(_Strict):
     api_key_env: str | None = None
     # For a router: the replicas (by name) whose engines' load counts as this one's.
     load_from: list[str] = []
+    # How many of our turns may wait inside this engine's own queue at once (see
+    # scheduler/admission.py); 0 turns the limit off (a hosted API with room for anything).
+    lookahead: int = Field(default=LOOKAHEAD, ge=0, le=64)
+    # Whether this engine orders its queue by the request body's `priority`, and which value
+    # goes first: "sglang" (--enable-priority-scheduling: higher first), "vllm" (--scheduling-policy
+    # priority, or SGLang with --schedule-low-priority-values-first: lower first). With "none"
+    # the body goes as the client sent it; dataplane/priority.py has the numbers and why.
+    engine_priority: Literal["none", "sglang", "vllm"] = "none"
 
     def api_key(self) -> str | None:
         """The API key from the environment, or None when no variable is configured or it is unset."""

@@ -69,8 +69,10 @@ class AdmitReply(_message.Message):
     def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("streamed",)
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
+    streamed: bool
+    def __init__(self, streamed: _Optional[bool] = ...) -> None: ...
 
 class FirstToken(_message.Message):
     __slots__ = ()

@@ -15,10 +15,12 @@ There are three kinds of thing, each with a small state machine:
 
   Replica   healthy or not (as last probed; unprobed counts as healthy, so a fresh stack serves at
             once and the first failed probe takes it out), with the engine's load as last read:
-            `running` and `waiting`. While the engine queues nothing, a replica takes turns; once
-            it reports a queue, our turns in flight there are capped at what it runs. A replica
-            whose engine reports no load is never capped. A router (`load_from`) is a replica
-            whose load is the sum of the last readings of the engines behind it.
+            `running` and `waiting`. How many of our turns it may take is admission's rule
+            (`admission.py`): no more than its lookahead of them may be waiting inside the engine
+            at once, counted as the placed turns the engine is not yet known to have started
+            (a first token, a load reading or, for replies that do not stream, a turn finishing
+            there is what confirms one). A router (`load_from`) is a replica whose load is the
+            sum of the last readings of the engines behind it.
 
   Run       IDLE -> GENERATING when one of its turns is placed;
             GENERATING -> PAUSED when that turn completes in tool calls (the run will be back,
@@ -34,10 +36,11 @@ There are three kinds of thing, each with a small state machine:
 
 Placement. A held turn may go to a healthy replica of its kind that serves its model. A run that
 is GENERATING or PAUSED may go only to its last replica, while that replica is healthy and serves
-the model, even when others have room: that is where its KV cache is. A replica has room when it
-is uncapped or our turns there are below its cap; a batch turn must also leave one slot free for
-each interactive run paused on a tool there. Of the replicas with room, the one with the fewest
-of our turns in flight wins; ties go to config order.
+the model, even when others have room: that is where its KV cache is. Whether a replica has room
+is `admission.room`: fewer of our turns waiting in its engine than its lookahead, and for a batch
+turn one fewer for each interactive run paused on a tool there with room kept for it (never the
+last one); a paused run keeps that room only for about as long as its caller's tools take. Of the
+replicas with room, the one with the fewest of our turns in flight wins; ties go to config order.
 
 Draining. After every event but a turn's progress report (which frees nothing), held turns are
 tried in order: interactive before batch, then the caller with the fewest turns in flight (so one
@@ -64,6 +67,7 @@ from typing import Any
 
 from immutables import Map
 
+from luftpause.scheduler import admission
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
     Event,
@@ -122,9 +126,12 @@ def decide(state: State, event: Event) -> Decision:
         tx.now = event.at
     actions: list[Action] = []
     handler(tx, event, actions)
-    # After every decision no held turn has anywhere to go (the drain saw to it), and an event
-    # that only marks a turn's progress frees no room; anything else may, so the drain looks.
-    if tx.held_groups and handler is not _turn_progressed:
+    if tx.kept_order:
+        _end_kept(tx)
+    # After every decision no held turn has anywhere to go (the drain saw to it), and a turn's
+    # request going out frees no room; anything else may (a first token confirms that the engine
+    # started a turn), so the drain looks.
+    if tx.held_groups and handler is not _turn_started:
         _drain(tx, actions)
     return tx.freeze(), tuple(actions)
 
@@ -176,6 +183,9 @@ class _Tx:
             self.run_placed,
             self.placed_order,
             self.quiet_order,
+            self.unconfirmed,
+            self.kept_order,
+            self.pause_estimate,
         ) = s
 
     def freeze(self) -> State:
@@ -200,6 +210,9 @@ class _Tx:
             self.run_placed,
             self.placed_order,
             self.quiet_order,
+            self.unconfirmed,
+            self.kept_order,
+            self.pause_estimate,
         )
 
 
@@ -218,6 +231,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
             models=frozenset(spec.models),
             reports_load=spec.reports_load or bool(spec.load_from),
             load_from=spec.load_from,
+            lookahead=spec.lookahead,
         )
         old = tx.replicas.get(spec.name)
         if old is not None:
@@ -267,10 +281,14 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
             waiting=e.waiting if e.waiting is not None else replica.waiting,
         )
     tx.replicas = tx.replicas.set(e.name, replica)
+    sent_at = e.sent_at if e.sent_at is not None else e.at
     if replica.load_from:
         _refresh_router(tx, e.name)
+    elif e.waiting is not None:
+        _confirm_by_reading(tx, e.name, sent_at)
     for router in tx.routers_of.get(e.name, ()):
         _refresh_router(tx, router)
+        _confirm_by_reading(tx, router, sent_at)
 
 
 def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
@@ -298,23 +316,50 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
         if run is None:
             run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at)
         else:
-            run = Run(e.run_id, e.service_class, e.caller, run.phase, run.replica, e.at)
+            if run.phase is _PAUSED:
+                # Back from a tool: how long its caller's tools take is what a kept slot lasts.
+                estimate = admission.learn_pause(tx.pause_estimate.get(e.caller), e.at - run.last_activity)
+                tx.pause_estimate = tx.pause_estimate.set(e.caller, estimate)
+            run = Run(e.run_id, e.service_class, e.caller, run.phase, run.replica, e.at, run.kept_until)
         _set_run(tx, e.run_id, run)
     _hold(tx, turn, _group(tx, turn))
 
 
-def _turn_progressed(tx: _Tx, e: TurnStarted | FirstToken, actions: list[Action]) -> None:
-    run = tx.runs.get(e.run_id)
+def _turn_started(tx: _Tx, e: TurnStarted, actions: list[Action]) -> None:
+    _touch(tx, e.run_id, e.at)
+    turn = tx.turns.get(e.turn_id)
+    if turn is not None and turn.status is _PLACED and turn.streamed is None:
+        tx.turns = tx.turns.set(e.turn_id, turn._replace(streamed=e.streamed))
+
+
+def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
+    _touch(tx, e.run_id, e.at)
+    turn = tx.turns.get(e.turn_id)
+    if turn is not None and turn.status is _PLACED and not turn.confirmed:
+        _confirm(tx, turn)
+
+
+def _touch(tx: _Tx, run_id: str, at: float) -> None:
+    run = tx.runs.get(run_id)
     if run is not None:
-        _set_run(tx, e.run_id, Run(run.run_id, run.service_class, run.caller, run.phase, run.replica, e.at))
+        _set_run(tx, run_id, Run(run.run_id, run.service_class, run.caller, run.phase, run.replica, at))
 
 
 def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
-    _end_turn(tx, e.turn_id, e.at, _PAUSED if e.paused_on_tool else _IDLE)
+    _end_turn(tx, e.turn_id, e.at, _PAUSED if e.paused_on_tool else _IDLE, freed_engine_room=True)
 
 
 def _turn_failed(tx: _Tx, e: TurnFailed | TurnAbandoned, actions: list[Action]) -> None:
     _end_turn(tx, e.turn_id, e.at, _IDLE)
+
+
+def _end_kept(tx: _Tx) -> None:
+    """Paused runs whose tool is taking longer than their caller's usually do keep no more room."""
+    while tx.kept_order:
+        until, run_id = tx.kept_order.first()
+        if until > tx.now:
+            return
+        _set_run(tx, run_id, tx.runs[run_id]._replace(kept_until=None))
 
 
 def _run_ended(tx: _Tx, e: RunEnded, actions: list[Action]) -> None:
@@ -344,7 +389,15 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
 
 def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
     runs = [
-        Run(r.run_id, r.service_class, r.caller, r.phase, r.replica or None, e.at - max(r.idle_s, 0.0))
+        Run(
+            r.run_id,
+            r.service_class,
+            r.caller,
+            r.phase,
+            r.replica or None,
+            e.at - max(r.idle_s, 0.0),
+            e.at + admission.keep_paused_for(tx.pause_estimate.get(r.caller)) if r.phase is _PAUSED else None,
+        )
         for r in e.runs
     ]
     # Held turns are ours alone (their Admit calls are open here); placed ones are the dataplane's word.
@@ -379,8 +432,8 @@ _HANDLERS: dict[type, Callable[[_Tx, Any, list[Action]], None]] = {
     PoolConfigured: _pool_configured,
     ReplicaProbed: _replica_probed,
     TurnArrived: _turn_arrived,
-    TurnStarted: _turn_progressed,
-    FirstToken: _turn_progressed,
+    TurnStarted: _turn_started,
+    FirstToken: _first_token,
     TurnCompleted: _turn_completed,
     TurnFailed: _turn_failed,
     TurnAbandoned: _turn_failed,
@@ -419,8 +472,13 @@ def _pin(run: Run | None) -> str | None:
 
 
 def _paused_at(run: Run | None) -> str | None:
-    """Where an interactive run paused on a tool has a slot kept for it by batch, else None."""
-    if run is not None and run.phase is _PAUSED and run.service_class is _INTERACTIVE:
+    """Where an interactive run paused on a tool has room kept for it by batch, else None."""
+    if (
+        run is not None
+        and run.phase is _PAUSED
+        and run.service_class is _INTERACTIVE
+        and run.kept_until is not None
+    ):
         return run.replica
     return None
 
@@ -444,6 +502,13 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
             tx.paused_by_replica = _bump(tx.paused_by_replica, was_paused, -1)
         if now_paused is not None:
             tx.paused_by_replica = _bump(tx.paused_by_replica, now_paused, 1)
+    old_kept = old.kept_until if was_paused is not None else None  # type: ignore[union-attr]
+    new_kept = new.kept_until if now_paused is not None else None  # type: ignore[union-attr]
+    if old_kept != new_kept:
+        if old_kept is not None:
+            tx.kept_order = tx.kept_order.remove((old_kept, run_id))
+        if new_kept is not None:
+            tx.kept_order = tx.kept_order.add((new_kept, run_id))
     if run_id not in tx.run_open:
         if old is not None:
             tx.quiet_order = tx.quiet_order.remove((old.last_activity, run_id))
@@ -480,8 +545,14 @@ def _add_turn(tx: _Tx, turn: Turn) -> None:
         _count_placed(tx, turn, 1)
 
 
-def _end_turn(tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = True) -> Turn | None:
-    """Removes a turn (held or placed) and moves its run to `phase` unless another turn of it still runs."""
+def _end_turn(
+    tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = True, freed_engine_room: bool = False
+) -> Turn | None:
+    """Removes a turn (held or placed) and moves its run to `phase` unless another turn of it still runs.
+
+    `freed_engine_room`: the turn ran to its end in the engine, so the engine has room for the
+    next of ours in its queue (see `_confirm_next`).
+    """
     turn = tx.turns.get(turn_id)
     if turn is None:
         return None  # already gone: expired, resynced away, or never ours
@@ -490,10 +561,16 @@ def _end_turn(tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = T
         _unhold(tx, turn, _group(tx, turn))
     else:
         _count_placed(tx, turn, -1)
+        if freed_engine_room or turn.confirmed:
+            assert turn.replica is not None
+            _confirm_next(tx, turn.replica)
     tx.turns = tx.turns.delete(turn_id)
     run = tx.runs.get(turn.run_id) if tracked else None
     if run is not None:
-        still_running = turn.run_id in tx.run_placed
+        phase = _GENERATING if turn.run_id in tx.run_placed else phase
+        kept_until = (
+            at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if phase is _PAUSED else None
+        )
         _set_run(
             tx,
             run.run_id,
@@ -501,9 +578,10 @@ def _end_turn(tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = T
                 run.run_id,
                 run.service_class,
                 run.caller,
-                _GENERATING if still_running else phase,
+                phase,
                 run.replica,
                 at if touch else run.last_activity,
+                kept_until,
             ),
         )
     # Uncounted after the run is updated, so a run going quiet enters the quiet index once.
@@ -520,6 +598,48 @@ def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
     tx.placed_order = tx.placed_order.add(key) if delta > 0 else tx.placed_order.remove(key)
     if _tracks_run(turn):
         tx.run_placed = _bump(tx.run_placed, turn.run_id, delta)
+    if not turn.confirmed:
+        replica = tx.replicas.get(turn.replica)
+        if replica is not None and not admission.uncapped(replica):
+            _set_unconfirmed(tx, turn.replica, (turn.seq, turn.turn_id), delta > 0)
+
+
+def _set_unconfirmed(tx: _Tx, replica: str, key: tuple[int, str], present: bool) -> None:
+    waiting = tx.unconfirmed.get(replica, EMPTY)
+    waiting = waiting.add(key) if present else waiting.remove(key)
+    tx.unconfirmed = tx.unconfirmed.set(replica, waiting) if waiting else tx.unconfirmed.delete(replica)
+
+
+def _confirm(tx: _Tx, turn: Turn) -> None:
+    """The engine has started `turn`: it no longer counts against its replica's lookahead."""
+    assert turn.replica is not None
+    tx.turns = tx.turns.set(turn.turn_id, turn._replace(confirmed=True))
+    _set_unconfirmed(tx, turn.replica, (turn.seq, turn.turn_id), False)
+
+
+def _confirm_next(tx: _Tx, replica: str) -> None:
+    """A turn of ours finished on `replica`: the oldest of ours waiting there is what its engine
+    starts next. Only a turn whose reply is not streamed is confirmed this way; a streamed one
+    says so itself with its first token, exactly."""
+    waiting = tx.unconfirmed.get(replica)
+    if not waiting:
+        return
+    turn = tx.turns[waiting.first()[1]]
+    if turn.streamed is False:
+        _confirm(tx, turn)
+
+
+def _confirm_by_reading(tx: _Tx, name: str, sent_at: float) -> None:
+    """A load reading of `name`: of our turns placed before it was asked for, all but the newest
+    `waiting` of them are running (see `admission.still_waiting`)."""
+    waiting = tx.unconfirmed.get(name)
+    if not waiting:
+        return
+    sent = [tx.turns[turn_id] for _, turn_id in waiting]
+    sent = [t for t in sent if t.placed_at is not None and t.placed_at <= sent_at]
+    keep = admission.still_waiting(len(sent), tx.replicas[name].waiting)
+    for turn in sent[: len(sent) - keep]:
+        _confirm(tx, turn)
 
 
 def _set_caller_in_flight(tx: _Tx, caller: str, count: int) -> None:
@@ -621,6 +741,8 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
     tx.held_queues = tx.held_groups = tx.caller_groups = Map()
     tx.lanes = tx.run_lanes = tx.run_open = tx.run_placed = Map()
     tx.placed_order = tx.quiet_order = EMPTY
+    tx.unconfirmed = Map()
+    tx.kept_order = EMPTY
     for run in runs:
         _set_run(tx, run.run_id, run)
     for turn in turns:
@@ -633,28 +755,20 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
 def _rooms(tx: _Tx) -> tuple[frozenset[str], frozenset[str]]:
     """The healthy replicas with room for an interactive turn, and those with room for a batch one.
 
-    A replica has room when it is uncapped or our turns there are below its cap; batch must also
-    leave one slot free for each interactive run paused on a tool there. So the batch set is
-    always within the interactive one.
+    The rule is `admission.room`'s; the batch set is always within the interactive one.
     """
     interactive: list[str] = []
     batch: list[str] = []
-    in_flight, paused = tx.in_flight_by_replica, tx.paused_by_replica
+    unconfirmed, paused = tx.unconfirmed, tx.paused_by_replica
     for replica in tx.replicas.values():
-        if not replica.healthy:
-            continue
         name = replica.name
-        waiting = replica.waiting
-        # `Replica.capacity`, inlined: this loop runs on every decision that may place a turn.
-        if not replica.reports_load or waiting is None or waiting <= 0:
+        waiting = unconfirmed.get(name)
+        for_interactive, for_batch = admission.room(
+            replica, len(waiting) if waiting is not None else 0, paused.get(name, 0)
+        )
+        if for_interactive:
             interactive.append(name)
-            batch.append(name)
-            continue
-        cap = replica.running or 0
-        used = in_flight.get(name, 0)
-        if used < cap:
-            interactive.append(name)
-            if used + paused.get(name, 0) < cap:
+            if for_batch:
                 batch.append(name)
     return frozenset(interactive), frozenset(batch)
 

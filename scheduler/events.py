@@ -25,6 +25,7 @@ class ReplicaSpec:
     models: tuple[str, ...] = ()
     reports_load: bool = True
     load_from: tuple[str, ...] = ()
+    lookahead: int = _config.LOOKAHEAD
 
     @classmethod
     def from_config(cls, replica: _config.Replica) -> ReplicaSpec:
@@ -35,6 +36,7 @@ class ReplicaSpec:
             models=tuple(replica.models),
             reports_load=replica.metrics != "none",
             load_from=tuple(replica.load_from),
+            lookahead=replica.lookahead,
         )
 
 
@@ -52,13 +54,18 @@ class PoolConfigured:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaProbed:
-    """A probe's answer. `running`/`waiting` are None when the replica reports no load or it could not be read."""
+    """A probe's answer. `running`/`waiting` are None when the replica reports no load or it could not be read.
+
+    `sent_at` is when the load was asked for (None: at `at`); a turn placed after it cannot be in
+    the reading.
+    """
 
     name: str
     healthy: bool
     running: int | None
     waiting: int | None
     at: float
+    sent_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +83,13 @@ class TurnArrived:
 
 @dataclass(frozen=True, slots=True)
 class TurnStarted:
-    """The dataplane sent the turn's request to its replica."""
+    """The dataplane sent the turn's request to its replica; `streamed`: its reply will stream,
+    so its first token will be reported when the engine starts it."""
 
     turn_id: str
     run_id: str
     at: float
+    streamed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,7 +107,7 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
     """The core event for one Report message, or None for a message with no event set."""
     match message.WhichOneof("event"):
         case "started":
-            return ev.TurnStarted(message.turn_id, message.run_id, at)
+            return ev.TurnStarted(message.turn_id, message.run_id, at, message.started.streamed)
         case "first_token":
             return ev.FirstToken(message.turn_id, message.run_id, at)
         case "completed":

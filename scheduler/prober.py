@@ -84,7 +84,9 @@ async def probe(
     load: tuple[int, int] | None = None
     # A router's own /metrics says nothing about its engines' queues; the core sums the load of
     # the replicas it names in `load_from` instead.
+    sent_at: float | None = None
     if healthy and replica.metrics != "none" and not replica.load_from:
+        sent_at = clock()
         try:
             answer = await client.get(base + "/metrics", headers=headers, timeout=timeout_s)
             if answer.status_code == 200:
@@ -94,7 +96,7 @@ async def probe(
         if load is None:
             log.debug("replica %s: no load in its /metrics (%s names)", replica.name, replica.metrics)
     running, waiting = load if load is not None else (None, None)
-    return ReplicaProbed(replica.name, healthy, running, waiting, clock())
+    return ReplicaProbed(replica.name, healthy, running, waiting, clock(), sent_at)
 
 
 async def run_prober(

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from immutables import Map
 
+from luftpause.config import LOOKAHEAD
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 
 
@@ -61,8 +62,10 @@ class Replica:
     url: str
     kind: Kind
     models: frozenset[str]
-    # False for engines that report no load (metrics "none"): never capped.
+    # False for engines that report no load (metrics "none"): no probe says what waits there.
     reports_load: bool = True
+    # How many of our turns may wait in its engine's own queue; 0: no limit (see admission.py).
+    lookahead: int = LOOKAHEAD
     # For a router: the replicas whose engines do its work. Its running and waiting are then the
     # sums of theirs as last probed, never read from the router itself.
     load_from: tuple[str, ...] = ()
@@ -72,16 +75,6 @@ class Replica:
     probed: bool = False
     running: int | None = None
     waiting: int | None = None
-
-    def capacity(self) -> int | None:
-        """How many of our turns it may hold now, or None when it is not capped.
-
-        An engine that queues nothing takes more; once it reports a waiting queue, what it
-        runs is all it can take, so our in-flight turns there are capped at its running count.
-        """
-        if not self.reports_load or self.waiting is None or self.waiting <= 0:
-            return None
-        return max(self.running or 0, 0)
 
 
 class Run(NamedTuple):
@@ -93,6 +86,9 @@ class Run(NamedTuple):
     phase: Phase = Phase.IDLE
     replica: str | None = None  # the replica of its last placed turn
     last_activity: float = 0.0
+    # For an interactive run paused on a tool: until when batch keeps room for it on its replica
+    # (see admission.keep_paused_for); None once that has passed, or when it is not paused.
+    kept_until: float | None = None
 
 
 class Turn(NamedTuple):
@@ -110,6 +106,12 @@ class Turn(NamedTuple):
     status: TurnStatus = TurnStatus.HELD
     replica: str | None = None
     placed_at: float | None = None
+    # None until the dataplane reports the request sent; then whether its reply streams (a
+    # streamed reply reports its first token, the exact sign that the engine started it).
+    streamed: bool | None = None
+    # Whether the engine is known to have started it (see admission.py): until then it may still
+    # be waiting in the engine's queue, and counts against the replica's lookahead.
+    confirmed: bool = False
 
 
 # Where a held turn may go, as far as its own fields and its run's pin say: (kind, model, the
@@ -170,6 +172,14 @@ class State(NamedTuple):
     placed_order: SortedSet = EMPTY
     # Runs with no open turn as (last activity, run id), quietest first: what idle expiry looks at.
     quiet_order: SortedSet = EMPTY
+    # Per replica, our placed turns not yet seen running there, as (seq, turn id): the ones that
+    # may be waiting in its engine's queue (see admission.py).
+    unconfirmed: Map[str, SortedSet] = _NO_MAP
+    # Interactive runs paused on a tool with room kept for them, as (kept_until, run id), soonest
+    # first: what ends a kept slot whose tool is taking longer than its caller's usually do.
+    kept_order: SortedSet = EMPTY
+    # Per caller, the running average of its runs' pauses on tools, in seconds.
+    pause_estimate: Map[str, float] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]
@@ -184,6 +194,11 @@ class State(NamedTuple):
     def caller_in_flight(self, caller: str) -> int:
         """The caller's turns placed anywhere and not yet reported done."""
         return self.in_flight_by_caller.get(caller, 0)
+
+    def waiting_ours(self, replica: str) -> int:
+        """Our turns placed on `replica` that its engine is not yet known to have started."""
+        waiting = self.unconfirmed.get(replica)
+        return len(waiting) if waiting is not None else 0
 
     def paused_interactive(self, replica: str) -> int:
         """Interactive runs paused on a tool whose last turn ran on `replica`: each will come back there."""

@@ -1,7 +1,8 @@
 """The scheduler's status: a JSON document and a small page, both views of the core's state.
 
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
-capacity, the turns held here by class and by caller with the oldest wait, and the runs by phase
+limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
+running and waiting counts, the turns held here by class and by caller with the oldest wait, and the runs by phase
 and class. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
@@ -19,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
+from luftpause.scheduler import admission
 from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
 
 
@@ -44,7 +46,11 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "healthy": r.healthy,
             "probed": r.probed,
             "in_flight": in_flight.get(r.name, 0),
-            "capacity": r.capacity(),
+            # The most of our turns it may hold now: those its engine runs, plus the lookahead.
+            "limit": admission.limit(r, in_flight.get(r.name, 0), state.waiting_ours(r.name)),
+            "lookahead": r.lookahead,
+            # Our turns there that its engine is not yet known to have started.
+            "waiting_ours": state.waiting_ours(r.name),
             "running": r.running,
             "waiting": r.waiting,
             "paused_interactive": state.paused_interactive(r.name),

@@ -222,7 +222,7 @@ class Luftpause(Arm):
 
     def _start(self, turn: SimTurn, replica: str) -> None:
         # The dataplane reports the start as it sends the request; the engine answers later.
-        self._feed(TurnStarted(turn.turn_id, turn.run_id, at=self.clock.now))
+        self._feed(TurnStarted(turn.turn_id, turn.run_id, at=self.clock.now, streamed=True))
         self._dispatch(
             turn,
             replica,
