@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -32,6 +33,8 @@ from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
 from luftpause.config import DEFAULT_MODEL
+from luftpause.dataplane.priority import priority_for
+from luftpause.proto import pb
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.events import (
@@ -46,7 +49,9 @@ from luftpause.scheduler.events import (
     TurnCompleted,
     TurnStarted,
 )
-from luftpause.scheduler.state import Kind, State
+from luftpause.scheduler.state import Kind, ServiceClass, State
+
+_PB_CLASS = {ServiceClass.INTERACTIVE: pb.INTERACTIVE, ServiceClass.BATCH: pb.BATCH}
 
 PROBE_PERIOD_S = 2.0
 TICK_S = 1.0
@@ -221,7 +226,14 @@ class Luftpause(Arm):
                 raise RuntimeError(f"the scheduler refused a simulated turn: {action.message}")
 
     def _start(self, turn: SimTurn, replica: str) -> None:
+        # The simulated replicas run with priority scheduling, as SGLang with
+        # --enable-priority-scheduling, and are configured as such (`engine_priority = "sglang"`),
+        # so the dataplane's rule writes the class into the request.
+        priority = priority_for("sglang", _PB_CLASS[turn.service_class])
+        if priority is not None:
+            turn.request = dataclasses.replace(turn.request, priority=priority)
         # The dataplane reports the start as it sends the request; the engine answers later.
+        # The simulated agents stream, so each turn's first token is reported as it comes.
         self._feed(TurnStarted(turn.turn_id, turn.run_id, at=self.clock.now, streamed=True))
         self._dispatch(
             turn,
@@ -252,3 +264,7 @@ class LuftpauseFreeMoving(Luftpause):
 ARMS: dict[str, type[Arm]] = {
     arm.name: arm for arm in (RoundRobin, CacheAware, Sticky, Luftpause, LuftpauseFreeMoving)
 }
+
+# The peers (router plus engine priority, flow control) subclass the arms above and add
+# themselves to ARMS; importing them last lets either module be imported first.
+import luftpause.bench.sim.peers  # noqa: E402, F401
