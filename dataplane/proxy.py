@@ -7,7 +7,8 @@
 2. asks the scheduler to admit the turn, holding the request while it waits; a client that
    leaves meanwhile abandons the turn and no engine request is made;
 3. forwards the body bytes unchanged to the placed replica (`engine_client`, connections kept
-   alive per engine);
+   alive per engine), but for the turn's priority where the replica's engine honours one
+   (`priority`);
 4. passes the engine's reply back unchanged (a stream chunk by chunk, as it comes), reading it
    on the side for first token, usage, finish reason and tool-call ids;
 5. reports to the scheduler what happened: started, first token, completed or failed.
@@ -36,7 +37,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause.dataplane import headers
+from luftpause.dataplane import headers, priority
 from luftpause.dataplane.engine_client import EngineClient, EngineError, EngineRequest, EngineResponse
 from luftpause.dataplane.errors import (
     BadTurnRequest,
@@ -108,6 +109,8 @@ class Turn:
     # The run the scheduler is told about; "" keeps the turn outside run state (decide).
     scheduled_run_id: str | None = None
     replica: str = ""
+    # The client's body has a top-level "priority" of its own, which the engine gets unchanged.
+    client_priority: bool = False
     # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
     placed: bool = False
     ended: bool = False
@@ -174,6 +177,8 @@ class Proxy:
             caller=headers.caller(request.headers.get(headers.CALLER)),
             model=payload["model"],
             traceparent=request.headers.get(headers.TRACEPARENT, ""),
+            # The body was decoded above anyway: an exact top-level check, no byte search.
+            client_priority="priority" in payload,
         )
 
         async def chat(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:
@@ -263,7 +268,7 @@ class Proxy:
         answer: Answer,
         client_left: asyncio.Future[None],
     ) -> None:
-        # 3. Forward the body, unchanged, to the placed replica.
+        # 3. Forward the body, unchanged but for an engine priority, to the placed replica.
         request = self.engine_request(turn, placement, "chat/completions", body)
         upstream = await self.exchange(turn, request, answer, client_left)
         if upstream is None:
@@ -424,8 +429,17 @@ class Proxy:
     def engine_request(
         self, turn: Turn, placement: pb.AdmitReply, endpoint: str, body: bytes
     ) -> EngineRequest:
-        """A POST of `body` to the placed replica's `endpoint` (as `engine_url` reads it)."""
+        """A POST of `body` to the placed replica's `endpoint` (as `engine_url` reads it).
+
+        A generative turn to a replica whose engine honours priorities carries its class's
+        priority in the body. Single-pass requests (vLLM's /classify) are left alone: that
+        request shape's priority handling is not one we have checked.
+        """
         replica = self.config.replica(placement.replica)
+        if replica is not None and replica.engine_priority != "none" and turn.kind == pb.GENERATIVE:
+            body = priority.engine_body(
+                body, replica.engine_priority, turn.service_class, turn.client_priority
+            )
         base = placement.url or (replica.url if replica else "")
         outgoing = {
             "content-type": "application/json",

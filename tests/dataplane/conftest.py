@@ -254,11 +254,14 @@ class Stack:
         return f"http://127.0.0.1:{self.dataplane_port}"
 
 
-@pytest.fixture
-async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
-    """Fake scheduler + scripted engine "fake-a" (API key from FAKE_A_KEY) + an in-process dataplane."""
-    monkeypatch.setenv("FAKE_A_KEY", "engine-secret")
-    engine = ScriptedEngine()
+@contextlib.asynccontextmanager
+async def open_stack(engine: Any = None, **replica: Any) -> AsyncIterator[Stack]:
+    """Fake scheduler + an engine "fake-a" (API key from FAKE_A_KEY) + an in-process dataplane.
+
+    `engine` is the ASGI app serving fake-a (a new `ScriptedEngine` by default; `Stack.engine`
+    is it either way); `replica` sets further fields of fake-a's config (`engine_priority`).
+    """
+    engine = ScriptedEngine() if engine is None else engine
     engine_port = free_port()
     engine_server = await serve_asgi(engine, engine_port)
     scheduler = await FakeScheduler("fake-a", f"http://127.0.0.1:{engine_port}").start()
@@ -266,16 +269,28 @@ async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
         dataplane=lp_config.DataplaneSettings(port=free_port(), scheduler=f"127.0.0.1:{scheduler.port}"),
         replicas=[
             lp_config.Replica(
-                name="fake-a", url=f"http://127.0.0.1:{engine_port}", models=[MODEL], api_key_env="FAKE_A_KEY"
+                name="fake-a",
+                url=f"http://127.0.0.1:{engine_port}",
+                models=[MODEL],
+                api_key_env="FAKE_A_KEY",
+                **replica,
             )
         ],
     )
     dataplane_server = await serve_asgi(create_app(config), config.dataplane.port)
     stack = Stack(scheduler, engine, engine_port, config.dataplane.port, config, dataplane_server)
-    await until(lambda: scheduler.resyncs, what="the dataplane's first resync")
     try:
+        await until(lambda: scheduler.resyncs, what="the dataplane's first resync")
         yield stack
     finally:
         await stop_asgi(*dataplane_server)
         await scheduler.stop()
         await stop_asgi(*engine_server)
+
+
+@pytest.fixture
+async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
+    """`open_stack()`: a scripted engine behind a replica that declares nothing more."""
+    monkeypatch.setenv("FAKE_A_KEY", "engine-secret")
+    async with open_stack() as stack:
+        yield stack

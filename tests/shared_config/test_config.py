@@ -29,6 +29,15 @@ def test_a_file_overrides_sections(tmp_path: Path) -> None:
     assert replica.metrics == "vllm" and replica.api_key_env == "POD_KEY"
 
 
+def test_engine_priority_is_off_unless_a_replica_declares_its_engines_convention(tmp_path: Path) -> None:
+    assert {r.engine_priority for r in config.load(None).replicas} == {"none"}
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[[replicas]]\nname = "gpu-0"\nurl = "http://gpu:30000"\nmodels = ["m"]\nengine_priority = "sglang"\n'
+    )
+    assert config.load(f).replicas[0].engine_priority == "sglang"
+
+
 def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     replica = config.Replica(name="r", url="https://x", models=["m"], api_key_env="LP_TEST_KEY")
     monkeypatch.delenv("LP_TEST_KEY", raising=False)
@@ -53,6 +62,10 @@ def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) 
             "unknown replicas",
         ),
         ('[[runtime.mcp_servers]]\nname = "t"\n', "exactly one of url"),
+        (
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nengine_priority = "higher"\n',
+            "replicas.0.engine_priority: Input should be 'none', 'sglang' or 'vllm'",
+        ),
         ("[dataplane\n", "not valid TOML"),
     ],
 )
