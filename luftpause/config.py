@@ -54,11 +54,6 @@ class Replica(_Strict):
     api_key_env: str | None = None
     # For a router: the replicas (by name) whose engines' load counts as this one's.
     load_from: list[str] = []
-    # Whether this engine orders its queue by the request body's `priority`, and which value
-    # goes first: "sglang" (--enable-priority-scheduling: higher first), "vllm" (--scheduling-policy
-    # priority, or SGLang with --schedule-low-priority-values-first: lower first). With "none"
-    # the body goes as the client sent it; dataplane/priority.py has the numbers and why.
-    engine_priority: Literal["none", "sglang", "vllm"] = "none"
     # How many of our turns may wait inside this engine's own queue at once (see
     # scheduler/admission.py); 0 turns the limit off (a hosted API with room for anything).
     lookahead: int = Field(default=LOOKAHEAD, ge=0, le=64)
