@@ -1,9 +1,10 @@
 """The dataplane's Prometheus metrics, served at `GET /metrics`.
 
 What an operator wants to see of the per-turn path: turns by route and by how they ended, turns
-in flight now, how long turns were held for admission, and whether the scheduler link is up.
-Each process has its own registry (several dataplanes may share a test process); the label
-children are made once up front, so counting a turn costs one locked add, not a label lookup.
+in flight now, how long turns were held for admission and how long engines took to their first
+token (both per service class), and whether the scheduler link is up. Each process has its own
+registry (several dataplanes may share a test process); the label children are made once up
+front, so counting a turn costs one locked add, not a label lookup.
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ ROUTES = ("chat", "decide")
 # reached, or the client left mid-turn; abandoned: the client left while the turn was held;
 # refused: the dataplane answered itself (bad request, unknown model, stopping).
 OUTCOMES = ("completed", "failed", "abandoned", "refused")
+# The `class` label's values, as the x-luftpause-class header names them.
+CLASSES = ("interactive", "batch")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-_HELD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
+# 1-2.5-5 steps from 10 ms to 60 s, where both times are worth telling apart. Admission also
+# gets 1 and 5 ms (a turn placed at once costs one gRPC round trip) and 2 and 10 minutes (a turn
+# held behind a busy pool can wait that long).
+_STEPS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_HELD_BUCKETS = (0.001, 0.005, *_STEPS, 120.0, 600.0)
+_FIRST_TOKEN_BUCKETS = _STEPS
 
 
 class DataplaneMetrics:
@@ -38,12 +46,25 @@ class DataplaneMetrics:
             "Turns placed on a replica whose reply has not ended yet.",
             registry=self.registry,
         )
-        self.admission = Histogram(
+        admission = Histogram(
             "luftpause_dataplane_admission_seconds",
-            "Time from asking the scheduler to admit a turn to its placement (held time included).",
+            "Time from asking the scheduler to admit a turn to its placement (held time included), "
+            "by service class.",
+            ["class"],
             buckets=_HELD_BUCKETS,
             registry=self.registry,
         )
+        self._admission = {c: admission.labels(c) for c in CLASSES}
+        first_token = Histogram(
+            "luftpause_dataplane_engine_first_token_seconds",
+            "Time from sending a turn's request to its engine to the first token reaching the "
+            "dataplane (the whole reply, when it is not streamed): the engine's queue and prefill, "
+            "by service class.",
+            ["class"],
+            buckets=_FIRST_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self._first_token = {c: first_token.labels(c) for c in CLASSES}
         self._connected = Gauge(
             "luftpause_dataplane_scheduler_connected",
             "1 while the scheduler link is resynced and reporting, else 0 (turns are held).",
@@ -55,6 +76,14 @@ class DataplaneMetrics:
 
     def ended(self, route: str, outcome: str) -> None:
         self._turns[route, outcome].inc()
+
+    def admitted(self, service_class: str, seconds: float) -> None:
+        """A turn of `service_class` ("interactive" or "batch") was placed after `seconds`."""
+        self._admission[service_class].observe(seconds)
+
+    def first_token(self, service_class: str, seconds: float) -> None:
+        """A turn's first token arrived `seconds` after its engine request went out."""
+        self._first_token[service_class].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -111,6 +111,8 @@ class Turn:
     replica: str = ""
     # The client's body has a top-level "priority" of its own, which the engine gets unchanged.
     client_priority: bool = False
+    # When the engine request went out (perf_counter), for the time to the first token.
+    sent_at: float = 0.0
     # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
     placed: bool = False
     ended: bool = False
@@ -239,7 +241,7 @@ class Proxy:
             log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
             self.metrics.ended(turn.route, "abandoned")
             return None
-        self.metrics.admission.observe(time.perf_counter() - asked)
+        self.metrics.admitted(headers.class_name(turn.service_class), time.perf_counter() - asked)
         self.metrics.in_flight.inc()
         turn.replica, turn.placed = placement.replica, True
         answer.headers[headers.REPLICA] = placement.replica
@@ -296,6 +298,7 @@ class Proxy:
         """Sends the engine request; the response with its body still to read, or None when the
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
         self.report(turn, started=pb.TurnStarted())
+        turn.sent_at = time.perf_counter()
         try:
             return await _unless_client_leaves(self.engines.post(request), client_left)
         except ClientLeft:
@@ -395,7 +398,12 @@ class Proxy:
     # -- reporting --
 
     def report(self, turn: Turn, **event: Any) -> None:
-        if "completed" in event or "failed" in event:
+        if "first_token" in event:
+            # Reported once a turn, streamed or not: the scheduler's first token is the metric's.
+            self.metrics.first_token(
+                headers.class_name(turn.service_class), time.perf_counter() - turn.sent_at
+            )
+        elif "completed" in event or "failed" in event:
             if turn.ended:
                 return
             turn.ended = True
