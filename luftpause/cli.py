@@ -93,10 +93,14 @@ def _loadgen(args: argparse.Namespace) -> None:
     print(json.dumps(asyncio.run(run_load(spec))))
 
 
+# Benchmarks whose module is not `luftpause.bench.<name>`.
+BENCH_MODULES = {"fidelity": "sim.fidelity"}
+
+
 def _bench(args: argparse.Namespace) -> None:
     import importlib
 
-    module = importlib.import_module(f"luftpause.bench.{args.scenario}")
+    module = importlib.import_module(f"luftpause.bench.{BENCH_MODULES.get(args.scenario, args.scenario)}")
     raise SystemExit(module.main(args.rest))
 
 
@@ -147,9 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="requests decoded at once, more wait in its queue (default: as many as its KV pool holds)",
     )
-    p.add_argument("--metrics", choices=["sglang", "vllm"], default="sglang", help="/metrics names to imitate")
     p.add_argument(
-        "--time-scale", type=float, default=1.0, help="multiply every modelled duration (0.1: ten times faster)"
+        "--metrics", choices=["sglang", "vllm"], default="sglang", help="/metrics names to imitate"
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every modelled duration (0.1: ten times faster)",
     )
     p.add_argument("--chunk-tokens", type=int, default=1, help="tokens per streamed chunk (default 1)")
     p.set_defaults(func=_fake_engine)
@@ -182,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
     p.add_argument(
         "scenario",
-        choices=["fanout", "proxy_overhead", "sim", "scheduler_core", "admit_latency"],
+        choices=["fanout", "proxy_overhead", "sim", "fidelity", "scheduler_core", "admit_latency"],
         help="which benchmark",
     )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")

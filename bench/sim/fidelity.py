@@ -1,43 +1,83 @@
 """Fidelity: the same scaled-down flood in real time with real processes, and in the simulator.
 
-For each arm it starts two HTTP fake engines (`luftpause fake-engine`, the calibrated model with
-the scaled KV pool), then either the real scheduler and dataplane (`luftpause`) or a class-blind
-round-robin proxy (`router-round-robin`), runs two `luftpause loadgen` processes beside each
-other (batch and interactive agents, closed loop, 8000-character contexts, 2 s tool calls),
-stops everything, and simulates the same scenario with the same parameters. It prints, per arm,
-real and simulated runs/min by class and their difference, and records both under
-bench/results/. A window in which the machine's CPUs were busy more than 90 % of the time is
-marked saturated: the real processes were not keeping up, and the row does not count.
+The question it answers: does the simulator predict what luftpause gains over a router? For each
+arm it starts two HTTP fake engines (`luftpause fake-engine`, the calibrated model with the
+scaled KV pool) and in front of them one of
 
-    python -m luftpause.bench.sim.fidelity                      # 24 batch + 4 interactive, 3 min
-    python -m luftpause.bench.sim.fidelity --batch 12 --interactive 2 --warmup-s 20 --window-s 40
+- `router-round-robin`: a class-blind round-robin proxy (`round_robin_proxy`);
+- `sglang-cache-aware`: the real SGLang router from PyPI (`sglang-router`, the `bench` extra)
+  with `--policy cache_aware` (`luftpause.bench.sglang_router` says how it is started and what
+  it does with a request);
+- `luftpause`: the real scheduler and dataplane, configured with the two engines;
+
+then runs two `luftpause loadgen` processes beside each other (batch and interactive agents,
+closed loop, the flood's contexts and tool latency), stops everything, and runs the simulator's
+twin of the arm (the sim arm of the same name) on the same scaled scenario. The loadgen agents
+stream their turns (`--stream`): the dataplane reports a turn's first token to the scheduler as
+the first content chunk passes, which is when the simulator's `luftpause` arm feeds its
+`FirstToken` event; a reply read whole would report it only at the end of the reply.
+
+Arms are interleaved within each of `--repeats` repeats (A B C, A B C, ...), so that drift on
+the machine hits every arm. Repeat r (from 0) simulates seed `--seed` + r. Per repeat and arm it
+prints real and simulated runs/min by class; then, per router arm, the ratio of luftpause's
+interactive runs/min over that arm's, real and simulated, with the median and the spread (lowest
+to highest) over the repeats that count, and a verdict: the real median ratio agrees with the
+simulated one when both are on the same side of 1 (direction) and the real one is within 20 %
+of the simulated one (size: |real / simulated - 1| <= 0.2).
+
+A window is saturated, and its row does not count (nor any ratio that needs it), when the CPUs
+this process may run on were busy more than 90 % of the window (all work on them, not only ours:
+the machine is shared), or the container's CPU quota was used more than 90 %, or one of the
+single-threaded Python processes (engine, scheduler, dataplane, proxy, loadgen) used more than
+90 % of a core: then the real processes were not keeping up and real time is not what the
+simulator models. The output names the cause.
+
+Progress goes to stderr, one line per phase. The record (JSON and markdown) goes to
+bench/results/ via `luftpause.bench.results`; each process's log stays in a temporary folder
+that is removed unless a run failed (then its path is printed).
+
+    luftpause bench fidelity                                  # 24 batch + 4 interactive, 3 repeats, ~40 min
+    luftpause bench fidelity --batch 8 --interactive 2 --warmup-s 10 --window-s 30 --repeats 1
+    python -m luftpause.bench.sim.fidelity ...                # the same
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from luftpause.bench import sglang_router
 from luftpause.bench.sim.run import simulate
-from luftpause.bench.sim.scenarios import SCENARIOS
+from luftpause.bench.sim.scenarios import SCENARIOS, Scenario
 from luftpause.config import DEFAULT_MODEL
 from luftpause.fake_engine.params import EngineParams
 
-ARMS = ("router-round-robin", "luftpause")
-AGREEMENT = 0.15
+ROUTER_ARMS = ("router-round-robin", "sglang-cache-aware")
+ARMS = (*ROUTER_ARMS, "luftpause")
 SATURATED = 0.90
+SIZE_TOLERANCE = 0.20
+# Starting and stopping an arm's processes, before the first phase is timed (the progress line's
+# estimate of what is left; replaced by the measured figure after the first arm).
+SETUP_GUESS_S = 10.0
+# The CPU window closes this long before loadgen's deadline, while every process is still there
+# to be read (a process that has exited and been reaped has no /proc entry left).
+CPU_WINDOW_MARGIN_S = 0.5
 
 
 def _free_port() -> int:
@@ -46,35 +86,138 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of all CPUs since boot."""
-    fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    return sum(fields) - idle, sum(fields)
+# -- CPU --
+
+
+def _cpu_jiffies(cpus: set[int]) -> tuple[float, float]:
+    """(busy, total) jiffies since boot of the CPUs in `cpus`, from /proc/stat's per-CPU lines.
+
+    Per CPU and not the first line, because a container may see every CPU of its host there
+    while it may run on two of them."""
+    busy = total = 0.0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        # user nice system idle iowait irq softirq steal (guest time is already in user).
+        fields = [float(v) for v in values[:8]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+        busy += sum(fields) - idle
+        total += sum(fields)
+    return busy, total
+
+
+def _cgroup_quota_cores() -> float | None:
+    """The container's CPU quota in cores (cgroup v2 cpu.max), or None when it has none."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else float(quota) / float(period)
+
+
+def _cgroup_usage_s() -> float | None:
+    try:
+        for line in Path("/sys/fs/cgroup/cpu.stat").read_text().splitlines():
+            key, value = line.split()
+            if key == "usage_usec":
+                return float(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    """utime + stime of a live process in seconds, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
+    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class CpuSnapshot:
+    at: float
+    cpus: tuple[float, float]
+    cgroup_s: float | None
+    processes: dict[str, float | None]
+
+
+def _snapshot(pids: dict[str, int]) -> CpuSnapshot:
+    return CpuSnapshot(
+        at=time.monotonic(),
+        cpus=_cpu_jiffies(os.sched_getaffinity(0)),
+        cgroup_s=_cgroup_usage_s(),
+        processes={name: _process_cpu_s(pid) for name, pid in pids.items()},
+    )
+
+
+def cpu_use(before: CpuSnapshot, after: CpuSnapshot, single_threaded: set[str]) -> dict[str, Any]:
+    """What the window used: the CPUs' busy share, the quota's, each process's cores, and
+    whether (and why) that means the real processes were not keeping up."""
+    wall = max(after.at - before.at, 1e-9)
+    busy = (after.cpus[0] - before.cpus[0]) / max(after.cpus[1] - before.cpus[1], 1.0)
+    quota = _cgroup_quota_cores()
+    quota_share = None
+    if quota and before.cgroup_s is not None and after.cgroup_s is not None:
+        quota_share = (after.cgroup_s - before.cgroup_s) / (wall * quota)
+    cores = {
+        name: round((after.processes[name] - start) / wall, 2)
+        for name, start in before.processes.items()
+        if start is not None and after.processes.get(name) is not None
+    }
+    reasons = []
+    if busy > SATURATED:
+        reasons.append(f"CPUs {busy:.0%} busy")
+    if quota_share is not None and quota_share > SATURATED:
+        reasons.append(f"CPU quota {quota_share:.0%} used")
+    reasons += [
+        f"{name} at {used:.0%} of a core"
+        for name, used in sorted(cores.items())
+        if name in single_threaded and used > SATURATED
+    ]
+    return {
+        "cpu_busy": round(busy, 3),
+        "cpu_quota_used": None if quota_share is None else round(quota_share, 3),
+        "process_cores": cores,
+        "saturated": bool(reasons),
+        "saturation": "; ".join(reasons) or None,
+    }
+
+
+# -- processes --
 
 
 class _Processes:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.procs: list[subprocess.Popen] = []
+        self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        out = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen(
-            args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        self.procs.append(proc)
+        with (self.logs / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        self.procs[name] = proc
         return proc
 
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
     def stop(self) -> None:
-        for proc in reversed(self.procs):
+        for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
+        for proc in self.procs.values():
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -83,9 +226,10 @@ class _Processes:
         self.procs.clear()
 
 
-def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+def _wait_healthy(url: str, procs: _Processes, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        procs.check_alive()
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
@@ -108,73 +252,131 @@ def _config(directory: Path, engines: list[int], grpc: int, status: int, datapla
     return path
 
 
-def real_arm(arm: str, args: argparse.Namespace, logs: Path) -> dict:
+@dataclass
+class Progress:
+    """One stderr line per phase, with the time spent and an estimate of what is left."""
+
+    runs: int
+    phase_s: float
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    setup_s: list[float] = field(default_factory=list)
+
+    def line(self, text: str) -> None:
+        elapsed = time.monotonic() - self.started
+        setup = statistics.mean(self.setup_s) if self.setup_s else SETUP_GUESS_S
+        left = max((self.runs - self.done) * (self.phase_s + setup), 0.0)
+        print(
+            f"fidelity [{_clock(elapsed)} elapsed, ~{_clock(left)} left] {text}", file=sys.stderr, flush=True
+        )
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def real_arm(
+    arm: str, args: argparse.Namespace, scenario: Scenario, seed: str, logs: Path, say: Progress, label: str
+) -> dict[str, Any]:
     """Runs the scaled flood through real processes for `arm`; returns runs/min by class and CPU use."""
     py = [sys.executable, "-m", "luftpause"]
     procs = _Processes(logs)
+    single_threaded: set[str] = set()
+    loads: dict[str, subprocess.Popen] = {}
+    began = time.monotonic()
     try:
-        engine_ports = [_free_port(), _free_port()]
+        engine_ports = [_free_port() for _ in range(scenario.replicas)]
         timing = {"LUFTPAUSE_FAKE_ENGINE_TIMING": f"kv_pool_tokens={args.kv_pool_tokens}"}
         for i, port in enumerate(engine_ports):
             name = f"fake-{chr(ord('a') + i)}"
-            procs.start(f"{arm}-{name}", [*py, "fake-engine", "--name", name, "--port", str(port)], timing)
-        for port in engine_ports:
-            _wait_healthy(f"http://127.0.0.1:{port}/health")
+            procs.start(
+                name,
+                [*py, "--log-level", "WARNING", "fake-engine", "--name", name, "--port", str(port)],
+                timing,
+            )
+            single_threaded.add(name)
+        engines = [f"http://127.0.0.1:{p}" for p in engine_ports]
+        for url in engines:
+            _wait_healthy(f"{url}/health", procs)
         front = _free_port()
         if arm == "luftpause":
             grpc, status = _free_port(), _free_port()
             conf = _config(logs, engine_ports, grpc, status, front)
-            procs.start(f"{arm}-scheduler", [*py, "scheduler", "--config", str(conf)])
-            procs.start(f"{arm}-dataplane", [*py, "dataplane", "--config", str(conf)])
-        else:
-            urls = ",".join(f"http://127.0.0.1:{p}" for p in engine_ports)
-            procs.start(
-                f"{arm}-router",
-                [
-                    sys.executable,
-                    "-m",
-                    "luftpause.bench.sim.round_robin_proxy",
-                    "--port",
-                    str(front),
-                    "--engines",
-                    urls,
-                ],
+            procs.start("scheduler", [*py, "--log-level", "WARNING", "scheduler", "--config", str(conf)])
+            procs.start("dataplane", [*py, "--log-level", "WARNING", "dataplane", "--config", str(conf)])
+            single_threaded |= {"scheduler", "dataplane"}
+            _wait_healthy(f"http://127.0.0.1:{front}/health", procs)
+        elif arm == "router-round-robin":
+            proxy = [sys.executable, "-m", "luftpause.bench.sim.round_robin_proxy"]
+            procs.start("proxy", [*proxy, "--port", str(front), "--engines", ",".join(engines)])
+            single_threaded.add("proxy")
+            _wait_healthy(f"http://127.0.0.1:{front}/health", procs)
+        elif arm == "sglang-cache-aware":
+            # The router is Rust on threads of its own: only the machine-wide figures apply to it.
+            argv = sglang_router.command(front, engines, policy="cache_aware", prometheus_port=_free_port())
+            router = procs.start("router", argv)
+            sglang_router.wait_ready(
+                f"http://127.0.0.1:{front}", engines, alive=lambda: router.poll() is None
             )
-        _wait_healthy(f"http://127.0.0.1:{front}/health")
+        else:
+            raise ValueError(f"unknown arm {arm}")
         common = [
             "--url", f"http://127.0.0.1:{front}", "--duration-s", str(args.window_s),
-            "--warmup-s", str(args.warmup_s), "--context-chars", "8000", "--tool-latency-s", "2",
-            "--seed", str(args.seed),
+            "--warmup-s", str(args.warmup_s), "--context-chars", str(scenario.context_chars),
+            "--tool-latency-s", str(scenario.tool_latency_s), "--seed", seed, "--stream",
         ]  # fmt: skip
-        loads = {
-            cls: subprocess.Popen(
-                [
-                    *py,
-                    "--log-level",
-                    "WARNING",
-                    "loadgen",
-                    *common,
-                    "--agents",
-                    str(n),
-                    "--class",
-                    cls,
-                    "--caller",
-                    cls,
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            for cls, n in (("batch", args.batch), ("interactive", args.interactive))
-            if n > 0
+        for cls, n in (("batch", scenario.batch_agents), ("interactive", scenario.interactive_agents)):
+            if n <= 0:
+                continue
+            with (logs / f"loadgen-{cls}.log").open("wb") as err:
+                loads[cls] = subprocess.Popen(
+                    [
+                        *py,
+                        "--log-level",
+                        "WARNING",
+                        "loadgen",
+                        *common,
+                        "--agents",
+                        str(n),
+                        "--class",
+                        cls,
+                        "--caller",
+                        cls,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                )
+            single_threaded.add(f"loadgen-{cls}")
+        loads_started = time.monotonic()
+        say.setup_s.append(loads_started - began)
+        pids = {name: p.pid for name, p in procs.procs.items()} | {
+            f"loadgen-{c}": p.pid for c, p in loads.items()
         }
+        say.line(f"{label}: warm-up {args.warmup_s:g} s")
         time.sleep(args.warmup_s)  # the window starts with loadgen's own count, not before
-        busy0, total0 = _cpu_times()
-        summaries = {cls: json.loads(p.communicate()[0].strip().splitlines()[-1]) for cls, p in loads.items()}
-        busy1, total1 = _cpu_times()
+        procs.check_alive()
+        say.line(f"{label}: window {args.window_s:g} s")
+        before = _snapshot(pids)
+        time.sleep(
+            max(loads_started + args.warmup_s + args.window_s - CPU_WINDOW_MARGIN_S - time.monotonic(), 0)
+        )
+        after = _snapshot(pids)
+        outputs = {cls: p.communicate() for cls, p in loads.items()}
+        summaries = {}
+        for cls, (out, _) in outputs.items():
+            if loads[cls].returncode != 0 or not out.strip():
+                tail = (logs / f"loadgen-{cls}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"loadgen {cls} exited with {loads[cls].returncode}:\n{tail}")
+            summaries[cls] = json.loads(out.strip().splitlines()[-1])
+        procs.check_alive()
     finally:
+        for p in loads.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         procs.stop()
-    cpu = (busy1 - busy0) / max(total1 - total0, 1.0)
 
     def per_min(cls: str) -> float:
         return summaries[cls]["runs_per_min"] if cls in summaries else 0.0
@@ -183,16 +385,141 @@ def real_arm(arm: str, args: argparse.Namespace, logs: Path) -> dict:
         "interactive_runs_per_min": per_min("interactive"),
         "batch_runs_per_min": per_min("batch"),
         "errors": sum(s["errors"] for s in summaries.values()),
-        "cpu_busy": round(cpu, 2),
-        "saturated": cpu > SATURATED,
+        **cpu_use(before, after, single_threaded),
         "summaries": summaries,
     }
 
 
+# -- ratios and verdicts --
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "low": None, "high": None}
+    return {"median": round(statistics.median(values), 3), "low": min(values), "high": max(values)}
+
+
+def verdict(real: float | None, sim: float | None) -> dict[str, Any]:
+    """Whether a real median ratio agrees with the simulated one: the same side of 1, and within
+    SIZE_TOLERANCE of it (|real / sim - 1|)."""
+    if real is None or sim is None or sim == 0:
+        return {"direction": None, "size_gap": None, "agrees": None, "text": "no verdict: no repeat counted"}
+
+    def side(x: float) -> int:
+        return (x > 1) - (x < 1)
+
+    direction = side(real) == side(sim)
+    gap = round(abs(real / sim - 1), 3)
+    within = gap <= SIZE_TOLERANCE
+    if direction and within:
+        text = f"agrees (same direction, {gap:.0%} apart)"
+    elif direction:
+        text = f"disagrees: same direction but {gap:.0%} apart (over {SIZE_TOLERANCE:.0%})"
+    else:
+        text = f"disagrees: direction (real {real:.2f}, simulated {sim:.2f})"
+    return {"direction": direction, "size_gap": gap, "agrees": direction and within, "text": text}
+
+
+def ratios(rows: list[dict[str, Any]], router_arm: str, repeats: int) -> dict[str, Any]:
+    """luftpause over `router_arm`, interactive (and, for information, batch) runs/min, real and
+    simulated, per repeat; the median and spread over the repeats where both rows count."""
+    per_repeat = []
+    for r in range(repeats):
+        of = {row["arm"]: row for row in rows if row["repeat"] == r}
+        ours, theirs = of.get("luftpause"), of.get(router_arm)
+        if ours is None or theirs is None:
+            continue
+        entry: dict[str, Any] = {"repeat": r}
+        for cls in ("interactive", "batch"):
+            key = f"{cls}_runs_per_min"
+            entry[f"{cls}_real"] = _ratio(ours["real"].get(key, 0.0), theirs["real"].get(key, 0.0))
+            entry[f"{cls}_sim"] = _ratio(ours["sim"][key], theirs["sim"][key])
+        left_out = [f"{row['arm']}: {row['why_not']}" for row in (ours, theirs) if not row["counts"]]
+        if entry["interactive_real"] is None:
+            left_out.append(f"{router_arm} finished no interactive run")
+        entry["counts"] = not left_out
+        entry["why_not"] = "; ".join(left_out) or None
+        per_repeat.append(entry)
+    counted = [e for e in per_repeat if e["counts"]]
+    summary: dict[str, Any] = {"router_arm": router_arm, "repeats": per_repeat, "counted": len(counted)}
+    for cls in ("interactive", "batch"):
+        for side in ("real", "sim"):
+            values = [e[f"{cls}_{side}"] for e in counted if e[f"{cls}_{side}"] is not None]
+            summary[f"{cls}_{side}"] = _spread(values)
+    summary["verdict"] = verdict(summary["interactive_real"]["median"], summary["interactive_sim"]["median"])
+    return summary
+
+
+# -- the report --
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _spread_cell(s: dict[str, float | None]) -> str:
+    if s["median"] is None:
+        return "-"
+    return f"{s['median']:.2f} ({s['low']:.2f}-{s['high']:.2f})"
+
+
+def report(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    summaries: list[dict[str, Any]],
+    router_version: str | None,
+) -> str:
+    lines = [
+        f"Fidelity, flood scaled to {args.batch} batch + {args.interactive} interactive agents (streamed turns), "
+        f"KV pool {args.kv_pool_tokens}, window {args.window_s:g} s after {args.warmup_s:g} s, "
+        f"{args.repeats} repeat(s) with arms interleaved, simulated seed {args.seed} + repeat"
+        + (f"; sglang-router {router_version}" if router_version else ""),
+        "",
+        "| repeat | arm | interactive runs/min real / sim | batch runs/min real / sim | errors | CPU busy | busiest process | counts |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        real, sim = row["real"], row["sim"]
+        cores = real.get("process_cores") or {}
+        busiest = max(cores, key=cores.get) if cores else None
+        lines.append(
+            f"| {row['repeat'] + 1} | {row['arm']} | {_cell(real.get('interactive_runs_per_min'))} / "
+            f"{_cell(sim['interactive_runs_per_min'])} | {_cell(real.get('batch_runs_per_min'))} / "
+            f"{_cell(sim['batch_runs_per_min'])} | {_cell(real.get('errors'))} | "
+            f"{'-' if real.get('cpu_busy') is None else format(real['cpu_busy'], '.0%')} | "
+            f"{'-' if busiest is None else f'{busiest} {cores[busiest]:.0%}'} | "
+            f"{'yes' if row['counts'] else 'no: ' + row['why_not']} |"
+        )
+    lines += [
+        "",
+        "luftpause's interactive runs/min over each router arm's: median (lowest-highest) over the repeats that count",
+        "",
+        "| luftpause over | real | simulated | repeats counted | verdict (same direction, within 20 %) | batch real / simulated |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        lines.append(
+            f"| {s['router_arm']} | {_spread_cell(s['interactive_real'])} | {_spread_cell(s['interactive_sim'])} | "
+            f"{s['counted']} of {len(s['repeats'])} | {s['verdict']['text']} | "
+            f"{_spread_cell(s['batch_real'])} / {_spread_cell(s['batch_sim'])} |"
+        )
+    left_out = [
+        f"repeat {e['repeat'] + 1} vs {s['router_arm']}: {e['why_not']}"
+        for s in summaries
+        for e in s["repeats"]
+        if not e["counts"]
+    ]
+    if left_out:
+        lines += ["", "Not counted: " + "; ".join(left_out) + "."]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m luftpause.bench.sim.fidelity", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="luftpause bench fidelity", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=24, help="batch agents (default 24, half the flood)")
     parser.add_argument("--interactive", type=int, default=4, help="interactive agents (default 4)")
     parser.add_argument(
@@ -201,13 +528,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=16384,
         help="each engine's KV pool (default 16384, half the calibrated one)",
     )
-    parser.add_argument("--warmup-s", type=float, default=60.0)
-    parser.add_argument("--window-s", type=float, default=180.0)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--no-record", action="store_true")
+    parser.add_argument(
+        "--warmup-s", type=float, default=60.0, help="uncounted start of each window (default 60)"
+    )
+    parser.add_argument("--window-s", type=float, default=180.0, help="counted window per arm (default 180)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats, each running every arm once (default 3)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="simulated seed of repeat 1; repeat r adds r - 1")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated, in this order (default {','.join(ARMS)})"
+    )
+    parser.add_argument("--no-record", action="store_true", help="do not write a record under bench/results/")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    arms = [a for a in args.arms.split(",") if a]
+    # `luftpause bench` logs at INFO; a line per readiness poll would bury the progress lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms or args.repeats < 1:
+        parser.error(f"arms must be among {', '.join(ARMS)}; repeats at least 1")
+    router_version = sglang_router.installed_version() if "sglang-cache-aware" in arms else None
+    if "sglang-cache-aware" in arms and router_version is None:
+        print(
+            "luftpause bench fidelity: the sglang-cache-aware arm needs the SGLang router: "
+            "pip install -e '.[bench]' (or leave the arm out with --arms)",
+            file=sys.stderr,
+        )
+        return 2
+    if router_version not in (None, sglang_router.TESTED_VERSION):
+        print(
+            f"fidelity: sglang-router {router_version} is installed; this harness was checked against "
+            f"{sglang_router.TESTED_VERSION}",
+            file=sys.stderr,
+        )
     scenario = replace(
         SCENARIOS["flood"],
         name="flood-scaled",
@@ -217,48 +570,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         window_s=args.window_s,
     )
     params = replace(EngineParams(), kv_pool_tokens=args.kv_pool_tokens)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="luftpause-fidelity-") as tmp:
-        for arm in arms:
-            print(
-                f"{arm}: real processes for {args.warmup_s + args.window_s:.0f} s ...",
-                file=sys.stderr,
-                flush=True,
+    say = Progress(runs=args.repeats * len(arms), phase_s=args.warmup_s + args.window_s)
+    # The simulator first, all of it (a second or so a run), so that its CPU is spent outside
+    # every real window and the predicted ratios are on screen before the long part starts.
+    sims = {
+        (r, arm): simulate(scenario, arm, args.seed + r, params).as_dict()
+        for r in range(args.repeats)
+        for arm in arms
+    }
+    for r in range(args.repeats):
+        say.line(
+            f"simulated repeat {r + 1} (seed {args.seed + r}): "
+            + ", ".join(
+                f"{arm} {sims[r, arm]['interactive_runs_per_min']:g} interactive / {sims[r, arm]['batch_runs_per_min']:g} batch runs/min"
+                for arm in arms
             )
-            real = real_arm(arm, args, Path(tmp))
-            sim = simulate(scenario, arm, args.seed, params)
-            row = {"arm": arm, "real": real, "sim": sim.as_dict()}
-            for cls in ("interactive", "batch"):
-                key = f"{cls}_runs_per_min"
-                expected = row["sim"][key]
-                row[f"{cls}_gap"] = round(abs(real[key] - expected) / expected, 3) if expected else None
-            rows.append(row)
-    lines = [
-        f"Fidelity, flood scaled to {args.batch} batch + {args.interactive} interactive agents, "
-        f"KV pool {args.kv_pool_tokens}, window {args.window_s:.0f} s after {args.warmup_s:.0f} s, seed {args.seed}",
-        "",
-        "| arm | interactive real / sim | gap | batch real / sim | gap | CPU busy | counts |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        real, sim = row["real"], row["sim"]
-
-        def gap(value: float | None) -> str:
-            return "-" if value is None else f"{value:.0%}" + ("" if value <= AGREEMENT else " (over 15 %)")
-
-        lines.append(
-            f"| {row['arm']} | {real['interactive_runs_per_min']} / {sim['interactive_runs_per_min']} | "
-            f"{gap(row['interactive_gap'])} | {real['batch_runs_per_min']} / {sim['batch_runs_per_min']} | "
-            f"{gap(row['batch_gap'])} | {real['cpu_busy']:.0%} | {'no: CPU saturated' if real['saturated'] else 'yes'} |"
         )
-    text = "\n".join(lines)
+    logs = Path(tempfile.mkdtemp(prefix="luftpause-fidelity-"))
+    rows: list[dict[str, Any]] = []
+    failed = False
+    for r in range(args.repeats):
+        for i, arm in enumerate(arms):
+            label = f"repeat {r + 1}/{args.repeats}, {arm} ({i + 1}/{len(arms)})"
+            say.line(f"{label}: starting processes")
+            run_logs = logs / f"{r + 1}-{arm}"
+            run_logs.mkdir()
+            row: dict[str, Any] = {"repeat": r, "arm": arm, "sim": sims[r, arm]}
+            try:
+                row["real"] = real_arm(arm, args, scenario, f"{args.seed}-{r}", run_logs, say, label)
+                row["counts"] = not row["real"]["saturated"]
+                row["why_not"] = (
+                    None if row["counts"] else "CPU saturated (" + row["real"]["saturation"] + ")"
+                )
+            except (RuntimeError, OSError, ValueError) as e:
+                failed = True
+                row["real"] = {"failed": str(e)}
+                row["counts"], row["why_not"] = False, "failed: " + str(e).splitlines()[0]
+            say.done += 1
+            rows.append(row)
+            real = row["real"]
+            say.line(
+                f"{label}: done: interactive {_cell(real.get('interactive_runs_per_min'))} runs/min "
+                f"(sim {row['sim']['interactive_runs_per_min']:g}), batch {_cell(real.get('batch_runs_per_min'))} "
+                f"(sim {row['sim']['batch_runs_per_min']:g})"
+                + (f", CPU {real['cpu_busy']:.0%} busy" if "cpu_busy" in real else "")
+                + ("" if row["counts"] else f"; does not count: {row['why_not']}")
+            )
+    summaries = [
+        ratios(rows, arm, args.repeats) for arm in ROUTER_ARMS if arm in arms and "luftpause" in arms
+    ]
+    text = report(args, rows, summaries, router_version)
     print(text)
+    if failed:
+        print(f"fidelity: a run failed; its processes' logs are in {logs}", file=sys.stderr)
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
     if not args.no_record:
         from luftpause.bench import results as records
 
-        path = records.write("fidelity", {"options": vars(args), "arms": rows}, text)
+        router = None
+        if router_version is not None:
+            router = {
+                "package": sglang_router.PACKAGE,
+                "version": router_version,
+                "command": sglang_router.command(0, ["<engine-a>", "<engine-b>"], prometheus_port=0)[1:],
+            }
+        record = {"options": vars(args), "sglang_router": router, "rows": rows, "ratios": summaries}
+        path = records.write("fidelity", record, text)
         print(f"record: {path}", file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
