@@ -23,6 +23,11 @@ unconfirmed until something shows the engine took it:
   on that replica: the engine had room for one more, and the oldest of our waiting turns, which
   is at the head of the engine's FIFO queue, is the one it takes.
 
+An engine may have other clients. Requests of theirs that its last reading showed queued, beyond
+any of ours, count against the lookahead too (our turns would wait behind them), until one of our
+turns sent after that reading starts: the queue ahead of it has cleared. So a replica whose queue
+someone else filled takes no more of our turns, and a turn that may go elsewhere does.
+
 So the limit a replica has, in the Netflix concurrency-limits sense, is "our turns it runs, plus
 the lookahead": it grows with each first token instead of with each probe, it follows the engine
 down as soon as the engine stops starting turns, and it comes back after a queue clears one
@@ -58,7 +63,8 @@ def uncapped(replica: Replica) -> bool:
 def room(replica: Replica, waiting_ours: int, paused_interactive: int) -> tuple[bool, bool]:
     """Whether `replica` has room now for (an interactive turn, a batch turn).
 
-    `waiting_ours`: our placed turns there not yet seen running (see the module docstring);
+    `waiting_ours`: our placed turns there not yet seen running, plus others' requests queued
+    ahead of them (see the module docstring);
     `paused_interactive`: interactive runs paused on a tool whose next turn will come back there.
     Batch room implies interactive room.
     """
@@ -77,6 +83,14 @@ def limit(replica: Replica, in_flight: int, waiting_ours: int) -> int | None:
     if uncapped(replica):
         return None
     return in_flight - waiting_ours + replica.lookahead
+
+
+def others_waiting(unconfirmed_sent: int, engine_waiting: int | None) -> int:
+    """Of an engine's `engine_waiting` queued requests, how many are surely not ours: those beyond
+    our `unconfirmed_sent` turns that may be there. Ours wait behind them."""
+    if engine_waiting is None:
+        return 0
+    return max(0, engine_waiting - unconfirmed_sent)
 
 
 def still_waiting(unconfirmed_sent: int, engine_waiting: int | None) -> int:

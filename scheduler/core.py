@@ -237,7 +237,13 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
         if old is not None:
             # A replica that stays in the pool keeps what its probes said.
             fresh = dataclasses.replace(
-                fresh, healthy=old.healthy, probed=old.probed, running=old.running, waiting=old.waiting
+                fresh,
+                healthy=old.healthy,
+                probed=old.probed,
+                running=old.running,
+                waiting=old.waiting,
+                others_waiting=old.others_waiting,
+                read_at=old.read_at,
             )
         replicas[spec.name] = fresh
         for model in spec.models:
@@ -612,9 +618,13 @@ def _set_unconfirmed(tx: _Tx, replica: str, key: tuple[int, str], present: bool)
 
 def _confirm(tx: _Tx, turn: Turn) -> None:
     """The engine has started `turn`: it no longer counts against its replica's lookahead."""
-    assert turn.replica is not None
+    assert turn.replica is not None and turn.placed_at is not None
     tx.turns = tx.turns.set(turn.turn_id, turn._replace(confirmed=True))
     _set_unconfirmed(tx, turn.replica, (turn.seq, turn.turn_id), False)
+    replica = tx.replicas[turn.replica]
+    if replica.others_waiting and (replica.read_at is None or turn.placed_at > replica.read_at):
+        # Sent after the reading and started: whatever queued ahead of it then has started too.
+        tx.replicas = tx.replicas.set(replica.name, dataclasses.replace(replica, others_waiting=0))
 
 
 def _confirm_next(tx: _Tx, replica: str) -> None:
@@ -633,11 +643,15 @@ def _confirm_by_reading(tx: _Tx, name: str, sent_at: float) -> None:
     """A load reading of `name`: of our turns placed before it was asked for, all but the newest
     `waiting` of them are running (see `admission.still_waiting`)."""
     waiting = tx.unconfirmed.get(name)
-    if not waiting:
-        return
-    sent = [tx.turns[turn_id] for _, turn_id in waiting]
+    sent = [tx.turns[turn_id] for _, turn_id in waiting] if waiting else []
     sent = [t for t in sent if t.placed_at is not None and t.placed_at <= sent_at]
-    keep = admission.still_waiting(len(sent), tx.replicas[name].waiting)
+    replica = tx.replicas[name]
+    keep = admission.still_waiting(len(sent), replica.waiting)
+    others = admission.others_waiting(len(sent), replica.waiting)
+    if others != replica.others_waiting or replica.read_at != sent_at:
+        tx.replicas = tx.replicas.set(
+            name, dataclasses.replace(replica, others_waiting=others, read_at=sent_at)
+        )
     for turn in sent[: len(sent) - keep]:
         _confirm(tx, turn)
 
@@ -764,7 +778,9 @@ def _rooms(tx: _Tx) -> tuple[frozenset[str], frozenset[str]]:
         name = replica.name
         waiting = unconfirmed.get(name)
         for_interactive, for_batch = admission.room(
-            replica, len(waiting) if waiting is not None else 0, paused.get(name, 0)
+            replica,
+            (len(waiting) if waiting is not None else 0) + replica.others_waiting,
+            paused.get(name, 0),
         )
         if for_interactive:
             interactive.append(name)

@@ -75,6 +75,11 @@ class Replica:
     probed: bool = False
     running: int | None = None
     waiting: int | None = None
+    # Of `waiting`, the requests that were not ours (another client of the same engine), and when
+    # that load was asked for: our turns there wait behind them, so they count against the
+    # lookahead until one of ours sent after the reading starts (the queue ahead of it is gone).
+    others_waiting: int = 0
+    read_at: float | None = None
 
 
 class Run(NamedTuple):

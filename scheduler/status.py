@@ -47,10 +47,14 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "probed": r.probed,
             "in_flight": in_flight.get(r.name, 0),
             # The most of our turns it may hold now: those its engine runs, plus the lookahead.
-            "limit": admission.limit(r, in_flight.get(r.name, 0), state.waiting_ours(r.name)),
+            "limit": admission.limit(
+                r, in_flight.get(r.name, 0), state.waiting_ours(r.name) + r.others_waiting
+            ),
             "lookahead": r.lookahead,
             # Our turns there that its engine is not yet known to have started.
             "waiting_ours": state.waiting_ours(r.name),
+            # Other clients' requests its last reading showed queued ahead of ours.
+            "others_waiting": r.others_waiting,
             "running": r.running,
             "waiting": r.waiting,
             "paused_interactive": state.paused_interactive(r.name),
