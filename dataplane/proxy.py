@@ -111,6 +111,9 @@ class Turn:
     replica: str = ""
     # The client's body has a top-level "priority" of its own, which the engine gets unchanged.
     client_priority: bool = False
+    # The client asked for a streamed reply: the engine's first token is then seen as it comes,
+    # which is what tells the scheduler that the engine started the turn (admission.py).
+    streamed: bool = False
     # When the engine request went out (perf_counter), for the time to the first token.
     sent_at: float = 0.0
     # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
@@ -181,6 +184,7 @@ class Proxy:
             traceparent=request.headers.get(headers.TRACEPARENT, ""),
             # The body was decoded above anyway: an exact top-level check, no byte search.
             client_priority="priority" in payload,
+            streamed=payload.get("stream") is True,
         )
 
         async def chat(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:
@@ -297,7 +301,7 @@ class Proxy:
     ) -> EngineResponse | None:
         """Sends the engine request; the response with its body still to read, or None when the
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
-        self.report(turn, started=pb.TurnStarted())
+        self.report(turn, started=pb.TurnStarted(streamed=turn.streamed))
         turn.sent_at = time.perf_counter()
         try:
             return await _unless_client_leaves(self.engines.post(request), client_left)

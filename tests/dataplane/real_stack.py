@@ -11,7 +11,7 @@ and health path. Replicas and their models:
 
     scripted  scripted-llama   key from SCRIPTED_KEY          (scripted engine)
     plain     plain-llama      no key                         (the same scripted engine)
-    busy      busy-llama       reports a queue: turns held    (scripted engine --busy)
+    busy      busy-llama       reports a queue of others: held (scripted engine --busy)
     ghost     ghost-llama      port closed after one probe
     hosted    hosted-llama     https://.../v1, key from HOSTED_KEY, health at /ready
                                                               (scripted engine over TLS)

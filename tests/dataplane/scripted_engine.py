@@ -13,8 +13,8 @@ says in its body (which the dataplane passes through unchanged) what the engine 
 `GET /_log` answers every chat request received so far: its tag, path, headers, body and
 whether the client (the dataplane) went away before the engine was done; `GET /_gets` the paths
 of the other GETs (health probes, metrics). Any path ending in `/health` or `/ready` answers 200. `GET /metrics` reports load in
-SGLang's names; with `--busy` the engine reports a waiting queue and nothing running, which
-caps our turns there at zero, so every turn for it is held. `--certfile/--keyfile` serve https.
+SGLang's names; with `--busy` the engine reports a queue of five others' requests and nothing
+running, more than the lookahead, so every turn for it is held. `--certfile/--keyfile` serve https.
 
     python tests/dataplane/scripted_engine.py --port 9999 [--busy] [--certfile C --keyfile K]
 """
@@ -83,7 +83,7 @@ class ScriptedEngine:
         if method == "GET" and path.endswith(("/health", "/ready")):
             await self._json(send, 200, {"status": "ok"})
         elif method == "GET" and path == "/metrics":
-            waiting = 1 if self.busy else 0
+            waiting = 5 if self.busy else 0
             text = f"sglang:num_running_reqs 0\nsglang:num_queue_reqs {waiting}\n"
             await self._send(send, 200, [(b"content-type", b"text/plain")], text.encode())
         elif method == "GET" and path == "/_log":
