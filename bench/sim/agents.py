@@ -56,6 +56,8 @@ class Agent:
     clock: VirtualClock
     reply_tokens: int
     records: list[RunRecord] = field(default_factory=list)
+    # Each turn's (time it was sent, time its first token came): how long it waited, anywhere.
+    turn_waits: list[tuple[float, float]] = field(default_factory=list)
     _runs: int = 0
     _turns: int = 0
 
@@ -98,6 +100,8 @@ class Agent:
 
     def _turn_done(self, turn: SimTurn) -> None:
         assert turn.replica is not None
+        if turn.first_token_at is not None:
+            self.turn_waits.append((turn.arrived_at, turn.first_token_at))
         self._replicas.append(turn.replica)
         message = reply_message(turn.reply)
         if turn.reply.tool_call is not None:

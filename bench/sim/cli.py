@@ -1,50 +1,239 @@
-"""`luftpause bench sim SCENARIO`: every arm of a scenario, side by side, as a table or JSON."""
+"""`luftpause bench sim SCENARIO`: every arm of a scenario, side by side, over one or more seeds.
+
+With one seed it prints that seed's table. With several (`--seeds 1-5`) it prints each seed's
+table, then the median over the seeds with the range, the ratios that the admission issue asks
+about (luftpause against the best class-blind router arm of the same seed, and against the peers
+a user could pick without luftpause), and a line on what bounds them: every arm's interactive
+plus batch runs a minute, which the engines' fixed work per run keeps about equal. The record
+(JSON and markdown) goes under bench/results/, with a PNG of interactive and batch runs a minute
+per arm when matplotlib is installed (the `bench` extra).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from luftpause.bench.sim.arms import ARMS
 from luftpause.bench.sim.run import ArmResult, simulate
 from luftpause.bench.sim.scenarios import SCENARIOS
 
+# The arms that route without looking at a turn's class: what "straight to the router" means.
+CLASS_BLIND = ("router-round-robin", "sglang-cache-aware", "sglang-sticky")
+# What a user could run without luftpause that does look at the class.
+PEERS = ("router-plus-engine-priority", "flow-control")
+OURS = "luftpause"
+# The issue's targets, for the verdict lines.
+TARGET_RATIO = 2.0
+BATCH_TOLERANCE = 0.05
+TIE_TOLERANCE = 0.10
+# Which scenarios the ratios apply to, and which should tie.
+RATIO_SCENARIOS = ("flood",)
+TIE_SCENARIOS = ("light",)
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
 
 def table(scenario: str, seed: int, results: Sequence[ArmResult]) -> str:
-    def cell(value: float | None) -> str:
-        return "-" if value is None else f"{value:g}"
-
     lines = [
         f"Simulated {scenario}, seed {seed} (virtual time; runs ending in the measurement window)",
         "",
-        "| arm | interactive runs/min | interactive p50 s | batch runs/min | batch p50 s | prefix cache hit | runs moved |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | interactive runs/min | interactive p50 s | batch runs/min | batch p50 s | "
+        "interactive wait to first token p50 / p99 s | batch wait p50 s | prefix cache hit | runs moved |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r.name} | {cell(r.interactive_runs_per_min)} | {cell(r.interactive_p50_s)} | "
-            f"{cell(r.batch_runs_per_min)} | {cell(r.batch_p50_s)} | {r.prefix_cache_hit_rate:.1%} | "
-            f"{r.runs_moved} of {r.runs} |"
+            f"| {r.name} | {_cell(r.interactive_runs_per_min)} | {_cell(r.interactive_p50_s)} | "
+            f"{_cell(r.batch_runs_per_min)} | {_cell(r.batch_p50_s)} | "
+            f"{_cell(r.interactive_wait_p50_s)} / {_cell(r.interactive_wait_p99_s)} | "
+            f"{_cell(r.batch_wait_p50_s)} | {r.prefix_cache_hit_rate:.1%} | {r.runs_moved} of {r.runs} |"
         )
     return "\n".join(lines)
 
 
-def record(scenario: str, seed: int, results: Sequence[ArmResult]) -> dict:
-    return {"scenario": scenario, "seed": seed, "arms": [r.as_dict() for r in results]}
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):g}-{max(values):g})"
+
+
+def summary(scenario: str, by_seed: dict[int, list[ArmResult]]) -> tuple[str, dict]:
+    """The median table over seeds, the ratios and their verdicts, as text and as a record."""
+    seeds = sorted(by_seed)
+    arms = [r.name for r in by_seed[seeds[0]]]
+    per_arm = {a: [next(r for r in by_seed[s] if r.name == a) for s in seeds] for a in arms}
+    lines = [
+        f"Simulated {scenario}, seeds {', '.join(map(str, seeds))}: median (range) over the seeds",
+        "",
+        "| arm | interactive runs/min | batch runs/min | interactive + batch | interactive p50 s | "
+        "interactive wait to first token p99 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    medians: dict[str, dict] = {}
+    for a in arms:
+        rs = per_arm[a]
+        inter = [r.interactive_runs_per_min for r in rs]
+        batch = [r.batch_runs_per_min for r in rs]
+        total = [i + b for i, b in zip(inter, batch, strict=True)]
+        p50 = [r.interactive_p50_s for r in rs if r.interactive_p50_s is not None]
+        p99 = [r.interactive_wait_p99_s for r in rs if r.interactive_wait_p99_s is not None]
+        lines.append(
+            f"| {a} | {_median_range(inter)} | {_median_range(batch)} | {_median_range(total)} | "
+            f"{_median_range(p50) if p50 else '-'} | {_median_range(p99) if p99 else '-'} |"
+        )
+        medians[a] = {
+            "interactive_runs_per_min": statistics.median(inter),
+            "batch_runs_per_min": statistics.median(batch),
+            "total_runs_per_min": statistics.median(total),
+        }
+    record: dict = {"seeds": seeds, "medians": medians, "comparisons": []}
+    if scenario in TIE_SCENARIOS:
+        # Light load: nothing queues, so no policy has anything to win; every arm should tie.
+        for field, label in (("interactive_runs_per_min", "interactive"), ("batch_runs_per_min", "batch")):
+            values = [m[field] for m in medians.values()]
+            spread = max(values) / min(values) - 1 if min(values) > 0 else float("inf")
+            tie = spread <= TIE_TOLERANCE
+            lines.append(
+                f"\n{label}: the arms' medians are within {spread:.1%} of each other "
+                f"({'met' if tie else 'not met'}: all arms within {TIE_TOLERANCE:.0%})"
+            )
+            record["comparisons"].append({"tie": label, "spread": spread, "met": tie})
+        return "\n".join(lines), record
+    if OURS not in per_arm or scenario not in RATIO_SCENARIOS:
+        return "\n".join(lines), record
+
+    lines += [
+        "",
+        "| luftpause against | interactive ratio per seed | median | batch change per seed | verdict |",
+    ]
+    lines.append("|---|---|---|---|---|")
+
+    def compare(label: str, others: list[ArmResult], need_ratio: float, batch_tolerance: float) -> None:
+        ours = per_arm[OURS]
+        ratios = [
+            o.interactive_runs_per_min / t.interactive_runs_per_min for o, t in zip(ours, others, strict=True)
+        ]
+        changes = [o.batch_runs_per_min / t.batch_runs_per_min - 1 for o, t in zip(ours, others, strict=True)]
+        met = statistics.median(ratios) >= need_ratio and statistics.median(changes) >= -batch_tolerance
+        lines.append(
+            f"| {label} | {' / '.join(f'{x:.2f}x' for x in ratios)} | {statistics.median(ratios):.2f}x | "
+            f"{' / '.join(f'{x:+.1%}' for x in changes)} | "
+            f"{'met' if met else 'not met'} (needs >= {need_ratio:g}x, batch >= {-batch_tolerance:+.0%}) |"
+        )
+        record["comparisons"].append(
+            {"against": label, "ratios": ratios, "batch_changes": changes, "target": need_ratio, "met": met}
+        )
+
+    notes: list[str] = []
+    blind = [a for a in CLASS_BLIND if a in per_arm]
+    if blind:
+        best = [
+            max((per_arm[a][i] for a in blind), key=lambda r: r.interactive_runs_per_min)
+            for i in range(len(seeds))
+        ]
+        compare("best class-blind router arm of each seed", best, TARGET_RATIO, BATCH_TOLERANCE)
+        # The bound: an interactive run costs the engines what a batch run costs, so what
+        # interactive gains, batch gives up. Within the batch tolerance, interactive can gain at
+        # most that much of the class-blind arm's batch throughput.
+        ceilings = [b.interactive_runs_per_min + BATCH_TOLERANCE * b.batch_runs_per_min for b in best]
+        bound = statistics.median(c / b.interactive_runs_per_min for c, b in zip(ceilings, best, strict=True))
+        notes.append(
+            "What bounds the ratio: interactive + batch runs/min is about the same in every arm (the "
+            f"engines do the same work per run whoever sends it), so with batch at most "
+            f"{BATCH_TOLERANCE:.0%} below the class-blind arm, interactive can reach at most its "
+            f"interactive plus {BATCH_TOLERANCE:.0%} of its batch: {bound:.2f}x (median over seeds)."
+        )
+        record["ratio_bound_at_batch_tolerance"] = bound
+    for peer in PEERS:
+        if peer in per_arm:
+            compare(peer, per_arm[peer], 1.0, 0.0)
+    return "\n".join(lines + [""] + notes if notes else lines), record
+
+
+def plot(scenario: str, by_seed: dict[int, list[ArmResult]], path: Path) -> Path | None:
+    """A PNG of interactive and batch runs/min per arm (median, bars for the range); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    seeds = sorted(by_seed)
+    arms = [r.name for r in by_seed[seeds[0]]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, field, title in (
+        (axes[0], "interactive_runs_per_min", "interactive runs/min"),
+        (axes[1], "batch_runs_per_min", "batch runs/min"),
+    ):
+        values = [[getattr(next(r for r in by_seed[s] if r.name == a), field) for s in seeds] for a in arms]
+        med = [statistics.median(v) for v in values]
+        err = [
+            [m - min(v) for m, v in zip(med, values, strict=True)],
+            [max(v) - m for m, v in zip(med, values, strict=True)],
+        ]
+        colours = [
+            "#d9480f"
+            if a == OURS
+            else "#ffa94d"
+            if a.startswith(OURS)
+            else "#4c6ef5"
+            if a in PEERS
+            else "#868e96"
+            for a in arms
+        ]
+        ax.barh(arms, med, xerr=err, color=colours, capsize=3)
+        ax.invert_yaxis()
+        ax.set_title(title)
+        ax.grid(axis="x", alpha=0.3)
+        for y, m in enumerate(med):
+            ax.text(0.02 * max(med), y, f"{m:.1f}", va="center", ha="left", fontsize=8, color="white")
+    axes[1].set_yticklabels([])
+    fig.suptitle(
+        f"Simulated {scenario}: median over seeds {seeds[0]}-{seeds[-1]} (bars: range); "
+        "orange luftpause (light: its variants), blue class-aware peers, grey class-blind routers",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, dash, last = part.partition("-")
+        try:
+            seeds.extend(range(int(first), int(last) + 1) if dash else [int(first)])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad seed list {text!r}: write e.g. 1-5 or 1,3,7") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seeds given: write e.g. 1-5 or 1,3,7")
+    return seeds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luftpause bench sim", description=__doc__)
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
-    parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--seed", type=int, help="one workload seed (default 1)")
+    parser.add_argument(
+        "--seeds", type=_seeds, help="several seeds, e.g. 1-5: per-seed tables, then the median"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated arms (default all: {','.join(ARMS)})"
     )
     parser.add_argument("--no-record", action="store_true", help="do not write a record under bench/results/")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.seed is not None and args.seeds is not None:
+        parser.error("give --seed or --seeds, not both")
+    seeds = args.seeds or [args.seed if args.seed is not None else 1]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -53,15 +242,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    results = [simulate(SCENARIOS[args.scenario], arm, args.seed) for arm in arms]
-    text = table(args.scenario, args.seed, results)
+    by_seed: dict[int, list[ArmResult]] = {}
+    for seed in seeds:
+        results = []
+        for arm in arms:
+            if len(seeds) > 1:
+                print(f"seed {seed}: {arm} ...", file=sys.stderr, flush=True)
+            results.append(simulate(SCENARIOS[args.scenario], arm, seed))
+        by_seed[seed] = results
+    texts = [table(args.scenario, seed, by_seed[seed]) for seed in seeds]
+    record: dict = {
+        "scenario": args.scenario,
+        "seeds": seeds,
+        "by_seed": {str(s): [r.as_dict() for r in by_seed[s]] for s in seeds},
+    }
+    if len(seeds) == 1:
+        # The single-seed record keeps the shape it always had.
+        record = {
+            "scenario": args.scenario,
+            "seed": seeds[0],
+            "arms": [r.as_dict() for r in by_seed[seeds[0]]],
+        }
+    else:
+        text, summary_record = summary(args.scenario, by_seed)
+        texts.append(text)
+        record["summary"] = summary_record
+    text = "\n\n".join(texts)
     if args.json:
-        print(json.dumps(record(args.scenario, args.seed, results)))
+        print(json.dumps(record))
     else:
         print(text)
     if not args.no_record:
         from luftpause.bench import results as records
 
-        path = records.write(f"sim-{args.scenario}", record(args.scenario, args.seed, results), text)
+        path = records.write(f"sim-{args.scenario}", record, text)
         print(f"record: {path}", file=sys.stderr)
+        if len(seeds) > 1:
+            png = plot(args.scenario, by_seed, path.with_suffix(".png"))
+            if png is None:
+                print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
+            else:
+                print(f"plot: {png}", file=sys.stderr)
     return 0

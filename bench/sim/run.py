@@ -1,7 +1,7 @@
 """One simulated run of a scenario under one arm, and what it measured.
 
 Figures count runs that ended inside the measurement window (after the warm-up): runs a minute
-by class, the median run time by class, the share of prompt tokens served from the engines'
+by class, the median run time by class, how long turns waited for their first token (p50, p99), the share of prompt tokens served from the engines'
 prefix caches during the window, and how many runs had turns on more than one replica.
 Every replica orders its waiting queue by the request's priority, as the description's SGLang
 engines did (--enable-priority-scheduling); a request nobody marked keeps arrival order.
@@ -29,6 +29,11 @@ class ArmResult:
     interactive_p50_s: float | None
     batch_runs_per_min: float
     batch_p50_s: float | None
+    # From sending a turn to its first token (held by the arm, queued in the engine, prefilled),
+    # p50 and p99 over the turns whose first token came in the window.
+    interactive_wait_p50_s: float | None
+    interactive_wait_p99_s: float | None
+    batch_wait_p50_s: float | None
     prefix_cache_hit_rate: float
     runs_moved: int
     runs: int
@@ -74,6 +79,19 @@ def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams 
     def median(values: list[float]) -> float | None:
         return round(statistics.median(values), 1) if values else None
 
+    def waits(cls: ServiceClass) -> list[float]:
+        return sorted(
+            first - sent
+            for a in agents
+            if a.spec.service_class is cls
+            for sent, first in a.turn_waits
+            if window_start <= first <= window_end
+        )
+
+    def quantile(values: list[float], q: float) -> float | None:
+        return round(values[min(len(values) - 1, int(q * len(values)))], 2) if values else None
+
+    interactive_waits, batch_waits = waits(ServiceClass.INTERACTIVE), waits(ServiceClass.BATCH)
     queries = sum(a.prefix_queries_total - b.prefix_queries_total for a, b in zip(after, before, strict=True))
     hits = sum(a.prefix_hits_total - b.prefix_hits_total for a, b in zip(after, before, strict=True))
     interactive, batch = of(ServiceClass.INTERACTIVE), of(ServiceClass.BATCH)
@@ -83,6 +101,9 @@ def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams 
         interactive_p50_s=median(interactive),
         batch_runs_per_min=round(len(batch) / minutes, 1),
         batch_p50_s=median(batch),
+        interactive_wait_p50_s=quantile(interactive_waits, 0.5),
+        interactive_wait_p99_s=quantile(interactive_waits, 0.99),
+        batch_wait_p50_s=quantile(batch_waits, 0.5),
         prefix_cache_hit_rate=round(hits / queries, 3) if queries else 0.0,
         runs_moved=sum(1 for r in records if r.moved),
         runs=len(records),

@@ -99,3 +99,36 @@ def test_the_cli_prints_a_table_or_the_json_object(capsys: pytest.CaptureFixture
 def test_an_unknown_arm_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["flood", "--arms", "magic", "--no-record"]) == 2
     assert "magic" in capsys.readouterr().err
+
+
+def test_several_seeds_print_each_table_then_the_medians_and_the_ratios(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    from luftpause.bench import results as records
+    from luftpause.bench.sim import cli
+
+    monkeypatch.setitem(cli.SCENARIOS, "flood", SMALL_FLOOD)
+    monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(records.write, "__defaults__", (tmp_path,))
+    arms = "router-round-robin,sglang-cache-aware,luftpause,router-plus-engine-priority"
+    assert main(["flood", "--seeds", "1-2", "--arms", arms]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1 (virtual time" in out and "seed 2 (virtual time" in out
+    assert "median (range) over the seeds" in out
+    assert "| best class-blind router arm of each seed |" in out
+    assert "| router-plus-engine-priority |" in out
+    assert "What bounds the ratio" in out
+    written = sorted(p.suffix for p in tmp_path.iterdir())
+    assert written[:2] == [".json", ".md"]
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["seeds"] == [1, 2]
+    assert {c["against"] for c in record["summary"]["comparisons"]} == {
+        "best class-blind router arm of each seed",
+        "router-plus-engine-priority",
+    }
+
+
+def test_a_bad_seed_list_is_refused_with_what_to_write(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["flood", "--seeds", "one-five", "--no-record"])
+    assert "write e.g. 1-5" in capsys.readouterr().err
