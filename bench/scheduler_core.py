@@ -1,12 +1,12 @@
 """The scheduler core's cost: decisions per second with many held turns, and how it grows with them.
 
 A saturated pool, driven in-process through `decide` with no I/O: four replicas whose engines
-report a waiting queue, so each takes as many of our turns as it runs (`--slots`) and everything
-beyond is held. 1,000 runs of 100 callers (every fifth run batch) keep `--held` turns waiting.
-Each cycle then does what a busy stack does: the oldest turn in flight completes (every other
-one in tool calls, so runs pause), which frees a slot and places the next held turn that may go
-there; that turn is reported started and given its first token; new turns arrive until the held
-count is back where it was. A probe every 100 events and a clock tick every 1,000 go through as well.
+each run `--slots` of our turns and hold their lookahead of them waiting (admission.py), so
+everything beyond is held. 1,000 runs of 100 callers (every fifth run batch) keep `--held` turns waiting.
+Each cycle then does what a busy stack does: the oldest running turn completes (every other one
+in tool calls, so runs pause); its engine starts the next of ours waiting there, whose first
+token makes room for the next held turn that may go there, which is placed and reported
+started; new turns arrive until the held count is back where it was. A probe every 100 events and a clock tick every 1,000 go through as well.
 Every `decide` call counts as one decision, whatever its event.
 
 The run is repeated for each held count in `--sizes` (default 100, 1,000, 10,000); the growth
@@ -45,35 +45,55 @@ MODEL = "m"
 
 
 class _Workload:
-    """A saturated pool and the bookkeeping a dataplane would keep to drive it."""
+    """A saturated pool and the bookkeeping a dataplane would keep to drive it.
+
+    Each replica's engine runs `slots` of our turns (confirmed by their first tokens) and has
+    its lookahead of them waiting unconfirmed; everything beyond is held.
+    """
 
     def __init__(self, held: int, runs: int, callers: int, slots: int) -> None:
         self.runs, self.callers, self.slots, self.target = runs, callers, slots, held
         self.now = 0.0
         self.decisions = 0
         self.next_turn = 0
-        self.in_flight: deque[tuple[str, str]] = deque()  # (turn, run), oldest placement first
+        self.running: deque[tuple[str, str, str]] = deque()  # (turn, run, replica), oldest first
+        self.waiting: dict[str, deque[tuple[str, str]]] = {n: deque() for n in REPLICAS}
+        self.placed = 0
         self.state = State()
         self._feed(
             PoolConfigured(tuple(ReplicaSpec(n, f"http://{n}", Kind.GENERATIVE, (MODEL,)) for n in REPLICAS))
         )
         for name in REPLICAS:
             self._probe(name)
-        for _ in range(held + slots * len(REPLICAS)):
+        lookahead = self.state.replicas[REPLICAS[0]].lookahead
+        while sum(len(w) for w in self.waiting.values()) < lookahead * len(REPLICAS) or self.held() < held:
             self._arrive()
-        assert len(self.in_flight) == slots * len(REPLICAS), "the pool should be full"
-        assert len(self.state.turns) - len(self.in_flight) == held, "the rest should be held"
+            for name in REPLICAS:
+                # The engine starts what it has room for: a first token each.
+                while self.waiting[name] and sum(1 for r in self.running if r[2] == name) < slots:
+                    self._start_next(name)
+        assert len(self.running) == slots * len(REPLICAS), "the pool should be full"
+        assert self.held() == held, "the rest should be held"
 
     def _feed(self, event: Any) -> None:
         self.state, actions = decide(self.state, event)
         self.decisions += 1
         for action in actions:
             if isinstance(action, Place):
-                self.in_flight.append((action.turn_id, action.run_id))
+                self.placed += 1
+                self.waiting[action.replica].append((action.turn_id, action.run_id))
+                self.state, _ = decide(self.state, TurnStarted(action.turn_id, action.run_id, self.now, True))
+                self.decisions += 1
+
+    def _start_next(self, name: str) -> None:
+        turn, run = self.waiting[name].popleft()
+        self.running.append((turn, run, name))
+        self._feed(FirstToken(turn, run, self.now))
 
     def _probe(self, name: str) -> None:
-        # The engine runs our turns and queues one more: a capped replica, as under load.
-        self._feed(ReplicaProbed(name, True, self.slots, 1, self.now))
+        # The engine runs our turns and queues our lookahead of them, as under load.
+        waiting = len(self.waiting[name])
+        self._feed(ReplicaProbed(name, True, self.slots, waiting, self.now))
 
     def _arrive(self) -> None:
         n = self.next_turn
@@ -87,20 +107,19 @@ class _Workload:
         )
 
     def held(self) -> int:
-        return len(self.state.turns) - len(self.in_flight)
+        return len(self.state.turns) - len(self.running) - sum(len(w) for w in self.waiting.values())
 
     def cycle(self, i: int) -> None:
-        """The oldest turn in flight completes; what it frees is placed and started; arrivals top up."""
+        """The oldest turn running completes; its engine starts the next of ours waiting there,
+        whose first token makes room for a held one; arrivals top up."""
         self.now += 0.001
-        if self.in_flight:
-            turn, run = self.in_flight.popleft()
+        if self.running:
+            turn, run, name = self.running.popleft()
             tool_calls = i % 2 == 0
             reason, ids = ("tool_calls", ("call",)) if tool_calls else ("stop", ())
-            before = len(self.in_flight)
             self._feed(TurnCompleted(turn, run, reason, 500, 50, ids, self.now))
-            for placed, placed_run in list(self.in_flight)[before:]:
-                self._feed(TurnStarted(placed, placed_run, self.now))
-                self._feed(FirstToken(placed, placed_run, self.now))
+            if self.waiting[name]:
+                self._start_next(name)
         while self.held() < self.target:
             self._arrive()
         if i % 20 == 0:
@@ -124,7 +143,7 @@ def measure(held: int, events: int, runs: int, callers: int, slots: int) -> dict
     return {
         "held": held,
         "runs": len(work.state.runs),
-        "in_flight": len(work.in_flight),
+        "in_flight": len(work.running) + sum(len(w) for w in work.waiting.values()),
         "decisions": decisions,
         "seconds": round(elapsed, 4),
         "decisions_per_s": round(decisions / elapsed),
