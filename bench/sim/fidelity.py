@@ -2,13 +2,16 @@
 
 The question it answers: does the simulator predict what luftpause gains over a router? For each
 arm it starts two HTTP fake engines (`luftpause fake-engine`, the calibrated model with the
-scaled KV pool) and in front of them one of
+scaled KV pool and priority scheduling on, as the simulator's replicas run) and in front of
+them one of
 
 - `router-round-robin`: a class-blind round-robin proxy (`round_robin_proxy`);
 - `sglang-cache-aware`: the real SGLang router from PyPI (`sglang-router`, the `bench` extra)
   with `--policy cache_aware` (`luftpause.bench.sglang_router` says how it is started and what
   it does with a request);
-- `luftpause`: the real scheduler and dataplane, configured with the two engines;
+- `luftpause`: the real scheduler and dataplane, configured with the two engines declared
+  `engine_priority = "sglang"`, so that the dataplane writes each turn's class into its request
+  as the simulator's `luftpause` arm does (the routers send no priority: first come, first served);
 
 then runs two `luftpause loadgen` processes beside each other (batch and interactive agents,
 closed loop, the flood's contexts and tool latency), stops everything, and runs the simulator's
@@ -56,7 +59,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +244,8 @@ def _wait_healthy(url: str, procs: _Processes, timeout_s: float = 60.0) -> None:
 
 def _config(directory: Path, engines: list[int], grpc: int, status: int, dataplane: int) -> Path:
     replicas = "".join(
-        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["{DEFAULT_MODEL}"]\n'
+        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\n'
+        f'models = ["{DEFAULT_MODEL}"]\nengine_priority = "sglang"\n'
         for i, port in enumerate(engines)
     )
     path = directory / "luftpause.toml"
@@ -250,6 +254,21 @@ def _config(directory: Path, engines: list[int], grpc: int, status: int, datapla
         f'[dataplane]\nport = {dataplane}\nscheduler = "127.0.0.1:{grpc}"\n{replicas}'
     )
     return path
+
+
+def engine_params(kv_pool_tokens: int) -> EngineParams:
+    """The engines of both worlds: the calibrated model with the scaled KV pool, and priority
+    scheduling on, as the simulator's replicas always run (the test bed's SGLang did). Arms that
+    mark no turn leave every request at priority 0, first come, first served."""
+    return replace(EngineParams(), kv_pool_tokens=kv_pool_tokens, priority_scheduling=True)
+
+
+def timing_env(params: EngineParams) -> str:
+    """`params` as $LUFTPAUSE_FAKE_ENGINE_TIMING for a fake-engine process: the fields that
+    differ from the defaults, so that the real engines run the model the simulator runs."""
+    defaults = EngineParams()
+    changed = [f.name for f in fields(EngineParams) if getattr(params, f.name) != getattr(defaults, f.name)]
+    return ",".join(f"{name}={str(getattr(params, name)).lower()}" for name in changed)
 
 
 @dataclass
@@ -277,7 +296,14 @@ def _clock(seconds: float) -> str:
 
 
 def real_arm(
-    arm: str, args: argparse.Namespace, scenario: Scenario, seed: str, logs: Path, say: Progress, label: str
+    arm: str,
+    args: argparse.Namespace,
+    scenario: Scenario,
+    params: EngineParams,
+    seed: str,
+    logs: Path,
+    say: Progress,
+    label: str,
 ) -> dict[str, Any]:
     """Runs the scaled flood through real processes for `arm`; returns runs/min by class and CPU use."""
     py = [sys.executable, "-m", "luftpause"]
@@ -287,7 +313,7 @@ def real_arm(
     began = time.monotonic()
     try:
         engine_ports = [_free_port() for _ in range(scenario.replicas)]
-        timing = {"LUFTPAUSE_FAKE_ENGINE_TIMING": f"kv_pool_tokens={args.kv_pool_tokens}"}
+        timing = {"LUFTPAUSE_FAKE_ENGINE_TIMING": timing_env(params)}
         for i, port in enumerate(engine_ports):
             name = f"fake-{chr(ord('a') + i)}"
             procs.start(
@@ -569,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_s=args.warmup_s,
         window_s=args.window_s,
     )
-    params = replace(EngineParams(), kv_pool_tokens=args.kv_pool_tokens)
+    params = engine_params(args.kv_pool_tokens)
     say = Progress(runs=args.repeats * len(arms), phase_s=args.warmup_s + args.window_s)
     # The simulator first, all of it (a second or so a run), so that its CPU is spent outside
     # every real window and the predicted ratios are on screen before the long part starts.
@@ -597,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_logs.mkdir()
             row: dict[str, Any] = {"repeat": r, "arm": arm, "sim": sims[r, arm]}
             try:
-                row["real"] = real_arm(arm, args, scenario, f"{args.seed}-{r}", run_logs, say, label)
+                row["real"] = real_arm(arm, args, scenario, params, f"{args.seed}-{r}", run_logs, say, label)
                 row["counts"] = not row["real"]["saturated"]
                 row["why_not"] = (
                     None if row["counts"] else "CPU saturated (" + row["real"]["saturation"] + ")"

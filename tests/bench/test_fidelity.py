@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from luftpause.bench import sglang_router
-from luftpause.bench.sim.fidelity import CpuSnapshot, cpu_use, ratios, verdict
+from luftpause.bench.sim.fidelity import CpuSnapshot, cpu_use, engine_params, ratios, timing_env, verdict
+from luftpause.fake_engine.params import params_from_env
 
 
 def _row(repeat: int, arm: str, real: float, sim: float, counts: bool = True) -> dict:
@@ -79,3 +80,10 @@ def test_router_command_names_the_workers_policy_and_a_local_metrics_port() -> N
     assert argv[argv.index("--cache-threshold") + 1] == "0.3"
     assert argv[argv.index("--balance-abs-threshold") + 1] == "64"
     assert argv[argv.index("--balance-rel-threshold") + 1] == "1.5"
+
+
+def test_the_real_engines_get_the_simulated_engines_parameters() -> None:
+    params = engine_params(16384)
+    assert params.priority_scheduling and params.kv_pool_tokens == 16384
+    assert timing_env(params) == "kv_pool_tokens=16384,priority_scheduling=true"
+    assert params_from_env(timing_env(params)) == params
