@@ -6,7 +6,9 @@
   imbalanced (the busiest worker has more than 64 requests in flight over the idlest and more
   than 1.5 times as many), the request goes to the idlest worker. Otherwise it goes to the
   worker whose tree matches the largest share of the request's text, if that share exceeds 0.3,
-  else to the worker with the smallest tree (the most room for new cache). Our tree is over
+  else to the worker with the fewest requests in flight (the first on a tie), as sglang-router
+  0.3.2 does (older releases and its documentation: the worker with the smallest tree; see
+  bench/sglang_router.py for how this was checked against the real router). Our tree is over
   whole messages rather than characters, which differs only inside a message two requests
   share a beginning of, and never evicts (a run of minutes stays far below the router's limit).
 - `sglang-sticky`: the router's sticky sessions (manual policy, routing key = run id): a key's
@@ -29,6 +31,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from luftpause.bench.sglang_router import BALANCE_ABS_THRESHOLD, BALANCE_REL_THRESHOLD, CACHE_THRESHOLD
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
@@ -56,9 +59,6 @@ _PB_CLASS = {ServiceClass.INTERACTIVE: pb.INTERACTIVE, ServiceClass.BATCH: pb.BA
 PROBE_PERIOD_S = 2.0
 TICK_S = 1.0
 
-CACHE_THRESHOLD = 0.3
-BALANCE_ABS_THRESHOLD = 64
-BALANCE_REL_THRESHOLD = 1.5
 
 
 class Arm(abc.ABC):
@@ -122,7 +122,6 @@ class CacheAware(Arm):
     def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
         super().__init__(replicas, clock)
         self._trees: dict[str, set[bytes]] = {name: set() for name in self.order}
-        self._tree_size: Counter[str] = Counter()
 
     def send(self, turn: SimTurn) -> None:
         loads = [self.in_flight[name] for name in self.order]
@@ -144,12 +143,12 @@ class CacheAware(Arm):
             if best_rate > CACHE_THRESHOLD:
                 choice = best
             else:
-                choice = min(self.order, key=lambda name: self._tree_size[name])
+                # sglang-router 0.3.2 sends a request no tree matches to the worker with the
+                # fewest in flight (older releases: the smallest tree); see bench/sglang_router.py.
+                choice = min(self.order, key=lambda name: self.in_flight[name])
         tree = self._trees[choice]
         for block in turn.request.blocks:
-            if block.key not in tree:
-                tree.add(block.key)
-                self._tree_size[choice] += block.tokens
+            tree.add(block.key)
         self._dispatch(turn, choice)
 
 
