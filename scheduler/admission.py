@@ -28,6 +28,12 @@ any of ours, count against the lookahead too (our turns would wait behind them),
 turns sent after that reading starts: the queue ahead of it has cleared. So a replica whose queue
 someone else filled takes no more of our turns, and a turn that may go elsewhere does.
 
+Interactive turns count only among themselves. Holding one back behind batch turns already sent
+would win nothing: it goes into the engine's queue at once, behind at most the lookahead's worth of
+batch turns (which luftpause would have let go before it anyway), or ahead of them where the
+engine honours priorities (`engine_priority`). So at most a lookahead of interactive turns and a
+lookahead of batch turns can wait in an engine.
+
 So the limit a replica has, in the Netflix concurrency-limits sense, is "our turns it runs, plus
 the lookahead": it grows with each first token instead of with each probe, it follows the engine
 down as soon as the engine stops starting turns, and it comes back after a queue clears one
@@ -60,22 +66,23 @@ def uncapped(replica: Replica) -> bool:
     return replica.lookahead <= 0
 
 
-def room(replica: Replica, waiting_ours: int, paused_interactive: int) -> tuple[bool, bool]:
+def room(
+    replica: Replica, waiting_ours: int, waiting_interactive: int, paused_interactive: int
+) -> tuple[bool, bool]:
     """Whether `replica` has room now for (an interactive turn, a batch turn).
 
     `waiting_ours`: our placed turns there not yet seen running, plus others' requests queued
-    ahead of them (see the module docstring);
-    `paused_interactive`: interactive runs paused on a tool whose next turn will come back there.
-    Batch room implies interactive room.
+    ahead of them (see the module docstring); `waiting_interactive`: the same counting only our
+    interactive turns; `paused_interactive`: interactive runs paused on a tool whose next turn
+    will come back there. Batch room implies interactive room.
     """
     if not replica.healthy:
         return False, False
     lookahead = replica.lookahead
     if lookahead <= 0:
         return True, True
-    if waiting_ours >= lookahead:
-        return False, False
-    return True, waiting_ours + min(paused_interactive, lookahead - 1) < lookahead
+    for_batch = waiting_ours + min(paused_interactive, lookahead - 1) < lookahead
+    return waiting_interactive < lookahead, for_batch
 
 
 def limit(replica: Replica, in_flight: int, waiting_ours: int) -> int | None:

@@ -112,6 +112,10 @@ _GENERATING = Phase.GENERATING
 _INTERACTIVE = ServiceClass.INTERACTIVE
 _BATCH = ServiceClass.BATCH
 _GENERATIVE = Kind.GENERATIVE
+# Positions of a turn's last two fields: a turn is rebuilt from its other fields, which is
+# quicker than NamedTuple._replace on the per-turn path.
+_STREAMED = Turn._fields.index("streamed")
+_CONFIRMED = Turn._fields.index("confirmed")
 
 
 def decide(state: State, event: Event) -> Decision:
@@ -126,12 +130,13 @@ def decide(state: State, event: Event) -> Decision:
         tx.now = event.at
     actions: list[Action] = []
     handler(tx, event, actions)
-    if tx.kept_order:
+    if tx.kept_order and tx.kept_order.first()[0] <= tx.now:
         _end_kept(tx)
-    # After every decision no held turn has anywhere to go (the drain saw to it), and a turn's
-    # request going out frees no room; anything else may (a first token confirms that the engine
-    # started a turn), so the drain looks.
-    if tx.held_groups and handler is not _turn_started:
+    # After every decision no held turn has anywhere to go (the drain saw to it). So the drain
+    # need look only when that may have changed: a replica gained room (a turn confirmed, a paused
+    # run's kept room given up, a probe, a new pool) or a held turn has somewhere new to try (it
+    # arrived, or its run's pin moved). Any other event leaves nothing to place.
+    if tx.held_groups and tx.may_place:
         _drain(tx, actions)
     return tx.freeze(), tuple(actions)
 
@@ -159,9 +164,11 @@ class _Tx:
     the indexes that depend on what it changed current.
     """
 
-    __slots__ = State._fields
+    __slots__ = (*State._fields, "may_place")
 
     def __init__(self, s: State) -> None:
+        # Set by whatever may let a held turn be placed; see `decide`.
+        self.may_place = False
         (
             self.replicas,
             self.order,
@@ -186,6 +193,7 @@ class _Tx:
             self.unconfirmed,
             self.kept_order,
             self.pause_estimate,
+            self.unconfirmed_interactive,
         ) = s
 
     def freeze(self) -> State:
@@ -213,6 +221,7 @@ class _Tx:
             self.unconfirmed,
             self.kept_order,
             self.pause_estimate,
+            self.unconfirmed_interactive,
         )
 
 
@@ -220,6 +229,7 @@ class _Tx:
 
 
 def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
+    tx.may_place = True
     replicas: dict[str, Replica] = {}
     serving: dict[tuple[Kind, str], list[str]] = {}
     routers_of: dict[str, list[str]] = {}
@@ -273,6 +283,7 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
     replica = tx.replicas.get(e.name)
     if replica is None:
         return
+    tx.may_place = True
     if replica.load_from:
         # A router's own reading is not its engines' load: only its health counts.
         replica = dataclasses.replace(replica, healthy=e.healthy, probed=True)
@@ -333,9 +344,11 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
 
 def _turn_started(tx: _Tx, e: TurnStarted, actions: list[Action]) -> None:
     _touch(tx, e.run_id, e.at)
+    if e.streamed:
+        return  # a streamed turn confirms itself by its first token; nothing to remember
     turn = tx.turns.get(e.turn_id)
     if turn is not None and turn.status is _PLACED and turn.streamed is None:
-        tx.turns = tx.turns.set(e.turn_id, turn._replace(streamed=e.streamed))
+        tx.turns = tx.turns.set(e.turn_id, Turn(*turn[:_STREAMED], False, turn.confirmed))
 
 
 def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
@@ -394,6 +407,7 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
 
 
 def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
+    tx.may_place = True
     runs = [
         Run(
             r.run_id,
@@ -506,6 +520,7 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
     if was_paused != now_paused:
         if was_paused is not None:
             tx.paused_by_replica = _bump(tx.paused_by_replica, was_paused, -1)
+            tx.may_place = True
         if now_paused is not None:
             tx.paused_by_replica = _bump(tx.paused_by_replica, now_paused, 1)
     old_kept = old.kept_until if was_paused is not None else None  # type: ignore[union-attr]
@@ -607,21 +622,31 @@ def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
     if not turn.confirmed:
         replica = tx.replicas.get(turn.replica)
         if replica is not None and not admission.uncapped(replica):
-            _set_unconfirmed(tx, turn.replica, (turn.seq, turn.turn_id), delta > 0)
+            _set_unconfirmed(tx, turn, delta > 0)
 
 
-def _set_unconfirmed(tx: _Tx, replica: str, key: tuple[int, str], present: bool) -> None:
+def _set_unconfirmed(tx: _Tx, turn: Turn, present: bool) -> None:
+    """Counts a placed turn among its replica's unconfirmed ones (present) or no longer."""
+    replica = turn.replica
+    assert replica is not None
+    if not present:
+        tx.may_place = True
+    key = (turn.seq, turn.turn_id)
     waiting = tx.unconfirmed.get(replica, EMPTY)
     waiting = waiting.add(key) if present else waiting.remove(key)
     tx.unconfirmed = tx.unconfirmed.set(replica, waiting) if waiting else tx.unconfirmed.delete(replica)
+    if turn.service_class is _INTERACTIVE:
+        tx.unconfirmed_interactive = _bump(tx.unconfirmed_interactive, replica, 1 if present else -1)
 
 
 def _confirm(tx: _Tx, turn: Turn) -> None:
     """The engine has started `turn`: it no longer counts against its replica's lookahead."""
     assert turn.replica is not None and turn.placed_at is not None
-    tx.turns = tx.turns.set(turn.turn_id, turn._replace(confirmed=True))
-    _set_unconfirmed(tx, turn.replica, (turn.seq, turn.turn_id), False)
+    tx.turns = tx.turns.set(turn.turn_id, Turn(*turn[:_CONFIRMED], True))
     replica = tx.replicas[turn.replica]
+    if admission.uncapped(replica):
+        return  # an uncapped replica's turns are never counted as waiting (see `_count_placed`)
+    _set_unconfirmed(tx, turn, False)
     if replica.others_waiting and (replica.read_at is None or turn.placed_at > replica.read_at):
         # Sent after the reading and started: whatever queued ahead of it then has started too.
         tx.replicas = tx.replicas.set(replica.name, dataclasses.replace(replica, others_waiting=0))
@@ -710,6 +735,7 @@ def _unhold(tx: _Tx, turn: Turn, group: Group) -> None:
 
 def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
     """Enters a lane, by its first turn's seq, in its group's queue for its caller."""
+    tx.may_place = True
     caller = lane[4]
     key = (group, caller)
     queue = tx.held_queues.get(key)
@@ -755,7 +781,7 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
     tx.held_queues = tx.held_groups = tx.caller_groups = Map()
     tx.lanes = tx.run_lanes = tx.run_open = tx.run_placed = Map()
     tx.placed_order = tx.quiet_order = EMPTY
-    tx.unconfirmed = Map()
+    tx.unconfirmed = tx.unconfirmed_interactive = Map()
     tx.kept_order = EMPTY
     for run in runs:
         _set_run(tx, run.run_id, run)
@@ -766,7 +792,7 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
 # --- placement --------------------------------------------------------------------------------
 
 
-def _rooms(tx: _Tx) -> tuple[frozenset[str], frozenset[str]]:
+def _rooms(tx: _Tx) -> tuple[list[str], list[str]]:
     """The healthy replicas with room for an interactive turn, and those with room for a batch one.
 
     The rule is `admission.room`'s; the batch set is always within the interactive one.
@@ -774,22 +800,25 @@ def _rooms(tx: _Tx) -> tuple[frozenset[str], frozenset[str]]:
     interactive: list[str] = []
     batch: list[str] = []
     unconfirmed, paused = tx.unconfirmed, tx.paused_by_replica
+    interactive_waiting = tx.unconfirmed_interactive
     for replica in tx.replicas.values():
         name = replica.name
         waiting = unconfirmed.get(name)
+        others = replica.others_waiting
         for_interactive, for_batch = admission.room(
             replica,
-            (len(waiting) if waiting is not None else 0) + replica.others_waiting,
+            (len(waiting) if waiting is not None else 0) + others,
+            interactive_waiting.get(name, 0) + others,
             paused.get(name, 0),
         )
         if for_interactive:
             interactive.append(name)
             if for_batch:
                 batch.append(name)
-    return frozenset(interactive), frozenset(batch)
+    return interactive, batch
 
 
-def _choose(tx: _Tx, group: Group, room: frozenset[str]) -> Replica | None:
+def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     """Where a turn of `group` goes now, given the replicas with room for its class; None: it waits."""
     kind, model, pin, _ = group
     names = tx.serving.get((kind, model), ())

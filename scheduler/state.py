@@ -111,8 +111,9 @@ class Turn(NamedTuple):
     status: TurnStatus = TurnStatus.HELD
     replica: str | None = None
     placed_at: float | None = None
-    # None until the dataplane reports the request sent; then whether its reply streams (a
-    # streamed reply reports its first token, the exact sign that the engine started it).
+    # False once the dataplane reported the request sent with a reply that does not stream (no
+    # first token until it is whole, so a turn finishing beside it is what confirms it); None
+    # otherwise: not sent yet, or streamed (its first token is the exact sign of its start).
     streamed: bool | None = None
     # Whether the engine is known to have started it (see admission.py): until then it may still
     # be waiting in the engine's queue, and counts against the replica's lookahead.
@@ -185,6 +186,8 @@ class State(NamedTuple):
     kept_order: SortedSet = EMPTY
     # Per caller, the running average of its runs' pauses on tools, in seconds.
     pause_estimate: Map[str, float] = _NO_MAP
+    # Per replica, how many of `unconfirmed` are interactive turns.
+    unconfirmed_interactive: Map[str, int] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]
@@ -204,6 +207,10 @@ class State(NamedTuple):
         """Our turns placed on `replica` that its engine is not yet known to have started."""
         waiting = self.unconfirmed.get(replica)
         return len(waiting) if waiting is not None else 0
+
+    def waiting_interactive(self, replica: str) -> int:
+        """Of `waiting_ours`, the interactive turns."""
+        return self.unconfirmed_interactive.get(replica, 0)
 
     def paused_interactive(self, replica: str) -> int:
         """Interactive runs paused on a tool whose last turn ran on `replica`: each will come back there."""
