@@ -17,6 +17,14 @@
   would feed it: the pool, a probe of each replica's engine load every 2 s, a tick every 1 s,
   each turn's arrival, start, first token and completion (with its tool-call ids), and the end
   of each run. A held turn waits until an action places it.
+- `luftpause-no-engine-priority`: the same on engines that are not told priorities (llama.cpp,
+  or an SGLang replica not declared `engine_priority`): luftpause's own queue is all the
+  reordering there is.
+- `luftpause-no-load-metrics`: the same, on replicas configured `metrics = "none"` (Ollama, a
+  hosted API): probes read health only, so the lookahead is kept by first tokens alone, and no
+  engine priorities are sent (such engines take none).
+- `luftpause-no-load-metrics-uncapped`: those replicas with `lookahead = 0`, which is what the
+  description did with engines that report no load: never capped.
 - `luftpause-free-moving`: the same core with strict run affinity off. The core has no switch
   for that, so the arm makes every run idle before each of its turns by reporting the run ended
   just before the turn arrives: the core sees a run it does not know, free to go anywhere. A
@@ -36,7 +44,7 @@ from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
 from luftpause.config import DEFAULT_MODEL
-from luftpause.dataplane.priority import priority_for
+from luftpause.dataplane.priority import Convention, priority_for
 from luftpause.proto import pb
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.core import decide
@@ -58,7 +66,6 @@ _PB_CLASS = {ServiceClass.INTERACTIVE: pb.INTERACTIVE, ServiceClass.BATCH: pb.BA
 
 PROBE_PERIOD_S = 2.0
 TICK_S = 1.0
-
 
 
 class Arm(abc.ABC):
@@ -173,6 +180,14 @@ class Sticky(Arm):
 class Luftpause(Arm):
     name = "luftpause"
     strict_affinity = True
+    # What the replicas are configured with: whether their engines report load (metrics), and
+    # their lookahead (None: the default).
+    reports_load = True
+    lookahead: int | None = None
+    # The simulated engines order their queues by priority, as SGLang with
+    # --enable-priority-scheduling, so luftpause's replicas say so; an engine without load
+    # metrics (Ollama, a hosted API) is taken to have no priorities either.
+    engine_priority: Convention = "sglang"
 
     def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
         super().__init__(replicas, clock)
@@ -181,7 +196,14 @@ class Luftpause(Arm):
         self._known_runs: set[str] = set()
         self.events = 0
         specs = tuple(
-            ReplicaSpec(name=name, url=f"sim://{name}", kind=Kind.GENERATIVE, models=(DEFAULT_MODEL,))
+            ReplicaSpec(
+                name=name,
+                url=f"sim://{name}",
+                kind=Kind.GENERATIVE,
+                models=(DEFAULT_MODEL,),
+                reports_load=self.reports_load,
+                **({} if self.lookahead is None else {"lookahead": self.lookahead}),
+            )
             for name in self.order
         )
         self._feed(PoolConfigured(specs, at=clock.now))
@@ -211,6 +233,10 @@ class Luftpause(Arm):
 
     def _probe(self) -> None:
         for name in self.order:
+            if not self.reports_load:
+                # An engine without load metrics: the prober reads its health only.
+                self._feed(ReplicaProbed(name, True, None, None, at=self.clock.now))
+                continue
             load = self.replicas[name].load()
             self._feed(ReplicaProbed(name, True, load.running, load.waiting, at=self.clock.now))
 
@@ -225,10 +251,8 @@ class Luftpause(Arm):
                 raise RuntimeError(f"the scheduler refused a simulated turn: {action.message}")
 
     def _start(self, turn: SimTurn, replica: str) -> None:
-        # The simulated replicas run with priority scheduling, as SGLang with
-        # --enable-priority-scheduling, and are configured as such (`engine_priority = "sglang"`),
-        # so the dataplane's rule writes the class into the request.
-        priority = priority_for("sglang", _PB_CLASS[turn.service_class])
+        # What the dataplane writes into the request for a replica with this `engine_priority`.
+        priority = priority_for(self.engine_priority, _PB_CLASS[turn.service_class])
         if priority is not None:
             turn.request = dataclasses.replace(turn.request, priority=priority)
         # The dataplane reports the start as it sends the request; the engine answers later.
@@ -260,8 +284,36 @@ class LuftpauseFreeMoving(Luftpause):
     strict_affinity = False
 
 
+class LuftpauseNoEnginePriority(Luftpause):
+    name = "luftpause-no-engine-priority"
+    engine_priority = "none"
+
+
+class LuftpauseNoLoadMetrics(Luftpause):
+    name = "luftpause-no-load-metrics"
+    reports_load = False
+    engine_priority = "none"
+
+
+class LuftpauseNoLoadMetricsUncapped(Luftpause):
+    name = "luftpause-no-load-metrics-uncapped"
+    reports_load = False
+    engine_priority = "none"
+    lookahead = 0
+
+
 ARMS: dict[str, type[Arm]] = {
-    arm.name: arm for arm in (RoundRobin, CacheAware, Sticky, Luftpause, LuftpauseFreeMoving)
+    arm.name: arm
+    for arm in (
+        RoundRobin,
+        CacheAware,
+        Sticky,
+        Luftpause,
+        LuftpauseFreeMoving,
+        LuftpauseNoEnginePriority,
+        LuftpauseNoLoadMetrics,
+        LuftpauseNoLoadMetricsUncapped,
+    )
 }
 
 # The peers (router plus engine priority, flow control) subclass the arms above and add
