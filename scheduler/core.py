@@ -342,8 +342,11 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
     _hold(tx, turn, _group(tx, turn))
 
 
+# A turn's progress does not touch its run's last activity: a run with a turn open is never
+# counted idle, and the turn's end stamps the time from which it is.
+
+
 def _turn_started(tx: _Tx, e: TurnStarted, actions: list[Action]) -> None:
-    _touch(tx, e.run_id, e.at)
     if e.streamed:
         return  # a streamed turn confirms itself by its first token; nothing to remember
     turn = tx.turns.get(e.turn_id)
@@ -352,16 +355,9 @@ def _turn_started(tx: _Tx, e: TurnStarted, actions: list[Action]) -> None:
 
 
 def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
-    _touch(tx, e.run_id, e.at)
     turn = tx.turns.get(e.turn_id)
     if turn is not None and turn.status is _PLACED and not turn.confirmed:
         _confirm(tx, turn)
-
-
-def _touch(tx: _Tx, run_id: str, at: float) -> None:
-    run = tx.runs.get(run_id)
-    if run is not None:
-        _set_run(tx, run_id, Run(run.run_id, run.service_class, run.caller, run.phase, run.replica, at))
 
 
 def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
@@ -792,29 +788,31 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
 # --- placement --------------------------------------------------------------------------------
 
 
-def _rooms(tx: _Tx) -> tuple[list[str], list[str]]:
-    """The healthy replicas with room for an interactive turn, and those with room for a batch one.
+def _room_of(tx: _Tx, replica: Replica) -> tuple[bool, bool]:
+    """Whether `replica` has room for (an interactive turn, a batch turn): `admission.room` over
+    the counts the indexes keep."""
+    name = replica.name
+    waiting = tx.unconfirmed.get(name)
+    others = replica.others_waiting
+    return admission.room(
+        replica,
+        (len(waiting) if waiting is not None else 0) + others,
+        tx.unconfirmed_interactive.get(name, 0) + others,
+        tx.paused_by_replica.get(name, 0),
+    )
 
-    The rule is `admission.room`'s; the batch set is always within the interactive one.
-    """
+
+def _rooms(tx: _Tx) -> tuple[list[str], list[str]]:
+    """The replicas with room for an interactive turn, and those with room for a batch one, in
+    config order. The batch list is always within the interactive one."""
     interactive: list[str] = []
     batch: list[str] = []
-    unconfirmed, paused = tx.unconfirmed, tx.paused_by_replica
-    interactive_waiting = tx.unconfirmed_interactive
     for replica in tx.replicas.values():
-        name = replica.name
-        waiting = unconfirmed.get(name)
-        others = replica.others_waiting
-        for_interactive, for_batch = admission.room(
-            replica,
-            (len(waiting) if waiting is not None else 0) + others,
-            interactive_waiting.get(name, 0) + others,
-            paused.get(name, 0),
-        )
+        for_interactive, for_batch = _room_of(tx, replica)
         if for_interactive:
-            interactive.append(name)
+            interactive.append(replica.name)
             if for_batch:
-                batch.append(name)
+                batch.append(replica.name)
     return interactive, batch
 
 
@@ -840,11 +838,12 @@ def _drain(tx: _Tx, actions: list[Action]) -> None:
     Each group's first key is its best turn: (caller's turns in flight, arrival). Across groups,
     interactive goes before batch. A group whose best turn cannot be placed has no turn that
     can, so it is passed over whole. Placing a turn changes its caller's count, and so the
-    order, which is why each round starts again from the indexes. A round costs one look at
-    each replica and each group, and a saturated pool ends the drain after the first look.
+    order, which is why each round starts again from the indexes. The first round looks at each
+    replica, the later ones only at the replica the last turn went to (nothing else's room
+    changed); each round looks at each group, and a saturated pool ends the drain at once.
     """
+    room_interactive, room_batch = _rooms(tx)
     while True:
-        room_interactive, room_batch = _rooms(tx)
         if not room_interactive:
             return
         best_key: tuple[bool, int, int] | None = None
@@ -867,6 +866,12 @@ def _drain(tx: _Tx, actions: list[Action]) -> None:
         turn = tx.turns[tx.lanes[lane].first()[1]]
         _place(tx, turn, group, replica)
         actions.append(Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at))
+        # A placement changes the room of its own replica only (its waiting turns, and the kept
+        # room of a paused run coming back there).
+        name = replica.name
+        for_interactive, for_batch = _room_of(tx, tx.replicas[name])
+        if for_interactive != (name in room_interactive) or for_batch != (name in room_batch):
+            room_interactive, room_batch = _rooms(tx)
 
 
 def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
