@@ -191,12 +191,19 @@ async def test_unknown_model_is_refused_at_once(scheduler: Scheduler):
     assert reply.message == "no Generative replica serves model 'gpt-nope'"
 
 
-async def test_turn_is_held_while_the_engine_queues_and_placed_when_a_turn_ends(scheduler: Scheduler):
-    await _engine_load(scheduler, running=1, waiting=2)
+async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ours_starts(
+    scheduler: Scheduler,
+):
+    # Someone else's request waits in the engine: with our first turn behind it, the engine's
+    # queue holds the lookahead's worth (2), so the next turn waits here.
+    await _engine_load(scheduler, running=1, waiting=1)
     async with grpc.aio.insecure_channel(scheduler.target) as channel:
         stub = rpc.SchedulerStub(channel)
         first = await stub.Admit(_admit("h-t1", "h-r1"), timeout=10)
         assert first.outcome == pb.AdmitReply.PLACED
+        await _report(
+            stub, pb.TurnEvent(turn_id="h-t1", run_id="h-r1", started=pb.TurnStarted(streamed=True))
+        )
 
         second = asyncio.ensure_future(stub.Admit(_admit("h-t2", "h-r2", service_class=pb.BATCH), timeout=20))
 
@@ -207,17 +214,19 @@ async def test_turn_is_held_while_the_engine_queues_and_placed_when_a_turn_ends(
         doc = await _eventually(held, "the second turn to be held")
         assert doc["held"]["by_class"]["batch"]["count"] == 1
         assert doc["held"]["by_caller"]["tests"]["count"] == 1
-        assert doc["replicas"][0]["in_flight"] == 1
-        assert doc["replicas"][0]["capacity"] == 1
+        replica = doc["replicas"][0]
+        assert (replica["in_flight"], replica["waiting_ours"], replica["others_waiting"]) == (1, 1, 1)
+        assert (replica["lookahead"], replica["limit"]) == (2, 1)
         assert not second.done()
 
-        await _report(stub, _completed("h-t1", "h-r1"))
+        # Our turn's first token: the engine started it, and whatever queued ahead of it too.
+        await _report(stub, pb.TurnEvent(turn_id="h-t1", run_id="h-r1", first_token=pb.FirstToken()))
         reply = await asyncio.wait_for(second, 10)
         assert reply.outcome == pb.AdmitReply.PLACED
         assert reply.replica == "fake-a"
         assert reply.held_ms > 0
 
-        await _report(stub, _completed("h-t2", "h-r2"))
+        await _report(stub, _completed("h-t1", "h-r1"), _completed("h-t2", "h-r2"))
     await _engine_load(scheduler, running=0, waiting=0)
 
 
@@ -288,7 +297,7 @@ async def test_prober_reads_the_fake_engine_and_sigterm_stops_the_scheduler(tmp_
 
             replica = await _eventually(probed, "the first probe of the fake engine")
             assert replica["healthy"] is True
-            assert (replica["waiting"], replica["capacity"]) == (0, None)
+            assert (replica["waiting"], replica["waiting_ours"], replica["limit"]) == (0, 0, 2)
             async with grpc.aio.insecure_channel(s.target) as channel:
                 reply = await rpc.SchedulerStub(channel).Admit(_admit("f-t1", "f-r1"), timeout=10)
             assert reply.replica == "fake-a"
