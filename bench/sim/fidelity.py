@@ -28,6 +28,16 @@ to highest) over the repeats that count, and a verdict: the real median ratio ag
 simulated one when both are on the same side of 1 (direction) and the real one is within 20 %
 of the simulated one (size: |real / simulated - 1| <= 0.2).
 
+In the `luftpause` arm the window is also watched from inside (`flood_watch`): the scheduler's
+GET /status is sampled every 2 s (per replica: in flight, limit, our turns waiting in the engine,
+other clients' waiting, the engine's own queue; the turns held by class), the dataplane's
+/metrics is read at the window's start and end (held time and engine time to first token, p50
+and p99 per class, from the histograms' growth over the window, interpolated inside a bucket as
+Prometheus' histogram_quantile does), and midway the status page is rendered by headless
+Chromium to a PNG, saved next to the record. All of it goes in the arm's row (`real.flood`) and
+in the report's "Under the flood (luftpause arm)" tables. Chromium's few seconds of CPU fall in
+that window, and so in its CPU figures.
+
 A window is saturated, and its row does not count (nor any ratio that needs it), when the CPUs
 this process may run on were busy more than 90 % of the window (all work on them, not only ours:
 the machine is shared), or the container's CPU quota was used more than 90 %, or one of the
@@ -66,6 +76,7 @@ from typing import Any
 import httpx
 
 from luftpause.bench import sglang_router
+from luftpause.bench.sim import flood_watch
 from luftpause.bench.sim.run import simulate
 from luftpause.bench.sim.scenarios import SCENARIOS, Scenario
 from luftpause.config import DEFAULT_MODEL
@@ -310,6 +321,8 @@ def real_arm(
     procs = _Processes(logs)
     single_threaded: set[str] = set()
     loads: dict[str, subprocess.Popen] = {}
+    sampler: flood_watch.StatusSampler | None = None
+    flood: dict[str, Any] | None = None
     began = time.monotonic()
     try:
         engine_ports = [_free_port() for _ in range(scenario.replicas)]
@@ -385,9 +398,27 @@ def real_arm(
         procs.check_alive()
         say.line(f"{label}: window {args.window_s:g} s")
         before = _snapshot(pids)
-        time.sleep(
-            max(loads_started + args.warmup_s + args.window_s - CPU_WINDOW_MARGIN_S - time.monotonic(), 0)
-        )
+        window_end = loads_started + args.warmup_s + args.window_s - CPU_WINDOW_MARGIN_S
+        if arm == "luftpause":
+            metrics_url = f"http://127.0.0.1:{front}/metrics"
+            start_histograms = flood_watch.scrape(metrics_url)
+            sampler = flood_watch.StatusSampler(f"http://127.0.0.1:{status}/status").start()
+            time.sleep(max(before.at + args.window_s / 2 - time.monotonic(), 0))
+            shot = logs / "status-page.png"
+            shot_began = time.monotonic()
+            why_not = flood_watch.screenshot(f"http://127.0.0.1:{status}/", shot, logs / "chromium-profile")
+            flood = {
+                "screenshot_file": None if why_not else str(shot),
+                "screenshot_error": why_not,
+                "screenshot_s": round(time.monotonic() - shot_began, 2),
+            }
+        time.sleep(max(window_end - time.monotonic(), 0))
+        if sampler is not None and flood is not None:
+            flood["quantiles"] = flood_watch.window_quantiles(
+                start_histograms, flood_watch.scrape(metrics_url)
+            )
+            flood["status"] = sampler.stop()
+            sampler = None
         after = _snapshot(pids)
         outputs = {cls: p.communicate() for cls, p in loads.items()}
         summaries = {}
@@ -398,6 +429,8 @@ def real_arm(
             summaries[cls] = json.loads(out.strip().splitlines()[-1])
         procs.check_alive()
     finally:
+        if sampler is not None:
+            sampler.stop()
         for p in loads.values():
             if p.poll() is None:
                 p.kill()
@@ -413,6 +446,7 @@ def real_arm(
         "errors": sum(s["errors"] for s in summaries.values()),
         **cpu_use(before, after, single_threaded),
         "summaries": summaries,
+        **({"flood": flood} if flood is not None else {}),
     }
 
 
@@ -541,7 +575,33 @@ def report(
     ]
     if left_out:
         lines += ["", "Not counted: " + "; ".join(left_out) + "."]
+    for row in rows:
+        if "flood" in row["real"]:
+            lines += ["", *flood_watch.markdown(f"repeat {row['repeat'] + 1}", row["real"]["flood"])]
     return "\n".join(lines)
+
+
+def keep_screenshots(rows: list[dict[str, Any]], stamp: str | None) -> None:
+    """Copies each luftpause window's status page picture from its (temporary) log folder to
+    bench/results/, named after the run's time and repeat, and names it in the row's record
+    (`screenshot`, a file beside the record); with no record (`stamp` None) none is kept."""
+    from luftpause.bench.results import RESULTS_DIR
+
+    for row in rows:
+        flood = row["real"].get("flood")
+        if not flood:
+            continue
+        source = flood.pop("screenshot_file", None)
+        flood["screenshot"] = None
+        if source is None:
+            continue
+        if stamp is None:
+            flood["screenshot_error"] = "not kept (--no-record)"
+            continue
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        target = RESULTS_DIR / f"fidelity-{stamp}-repeat{row['repeat'] + 1}-status.png"
+        shutil.copyfile(source, target)
+        flood["screenshot"] = target.name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -645,6 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = [
         ratios(rows, arm, args.repeats) for arm in ROUTER_ARMS if arm in arms and "luftpause" in arms
     ]
+    keep_screenshots(rows, None if args.no_record else time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     text = report(args, rows, summaries, router_version)
     print(text)
     if failed:
