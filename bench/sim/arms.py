@@ -45,6 +45,7 @@ from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
 from luftpause.config import DEFAULT_MODEL
 from luftpause.dataplane.priority import Convention, priority_for
+from luftpause.fake_engine.prefix_cache import Block
 from luftpause.proto import pb
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.core import decide
@@ -123,6 +124,16 @@ class RoundRobin(Arm):
         self._dispatch(turn, replica)
 
 
+def matched_tokens(tree: set[bytes], blocks: Sequence[Block]) -> int:
+    """How many of a request's leading tokens a router's prefix tree of earlier requests holds."""
+    matched = 0
+    for block in blocks:
+        if block.key not in tree:
+            break
+        matched += block.tokens
+    return matched
+
+
 class CacheAware(Arm):
     name = "sglang-cache-aware"
 
@@ -139,12 +150,7 @@ class CacheAware(Arm):
             total = sum(b.tokens for b in turn.request.blocks) or 1
             best, best_rate = self.order[0], -1.0
             for name in self.order:
-                tree = self._trees[name]
-                matched = 0
-                for block in turn.request.blocks:
-                    if block.key not in tree:
-                        break
-                    matched += block.tokens
+                matched = matched_tokens(self._trees[name], turn.request.blocks)
                 if matched / total > best_rate:
                     best, best_rate = name, matched / total
             if best_rate > CACHE_THRESHOLD:

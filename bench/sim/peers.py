@@ -91,7 +91,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
-from luftpause.bench.sim.arms import ARMS, Arm, CacheAware
+from luftpause.bench.sim.arms import ARMS, Arm, CacheAware, matched_tokens
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
@@ -193,12 +193,7 @@ class FlowControl(Arm):
         shortest, longest = min(queues), max(queues)
 
         def score(name: str) -> tuple[float, int]:
-            tree = self._trees[name]
-            matched = 0
-            for block in turn.request.blocks:
-                if block.key not in tree:
-                    break
-                matched += block.tokens
+            matched = matched_tokens(self._trees[name], turn.request.blocks)
             load = self.scraped[name]
             # The queue scorer spreads the candidates' queues over 0..1, 1 for all when equal.
             queue = 1.0 if longest == shortest else (longest - load.waiting) / (longest - shortest)
