@@ -96,7 +96,10 @@ async def probe(
         if load is None:
             log.debug("replica %s: no load in its /metrics (%s names)", replica.name, replica.metrics)
     running, waiting = load if load is not None else (None, None)
-    return ReplicaProbed(replica.name, healthy, running, waiting, clock(), sent_at)
+    # When the load was asked for: a turn placed after that cannot be in the reading.
+    return ReplicaProbed(
+        replica.name, healthy, running, waiting, clock(), sent_at if load is not None else None
+    )
 
 
 async def run_prober(

@@ -52,7 +52,9 @@ def _replica(**kw) -> config.Replica:
     return config.Replica(name="e", url="http://engine:1234/", models=["m"], **kw)
 
 
-async def _probe(replica: config.Replica, handler) -> tuple[ReplicaProbed, list[httpx.Request]]:
+async def _probe(
+    replica: config.Replica, handler, clock=lambda: 42.0
+) -> tuple[ReplicaProbed, list[httpx.Request]]:
     seen: list[httpx.Request] = []
 
     def record(request: httpx.Request) -> httpx.Response:
@@ -60,7 +62,7 @@ async def _probe(replica: config.Replica, handler) -> tuple[ReplicaProbed, list[
         return handler(request)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(record)) as client:
-        return await probe(client, replica, 2.0, lambda: 42.0), seen
+        return await probe(client, replica, 2.0, clock), seen
 
 
 async def test_healthy_engine_with_load():
@@ -68,8 +70,18 @@ async def test_healthy_engine_with_load():
         return httpx.Response(200, text=SGLANG_PAGE if request.url.path == "/metrics" else "ok")
 
     result, seen = await _probe(_replica(), handler)
-    assert result == ReplicaProbed("e", True, 5, 4, 42.0)
+    assert result == ReplicaProbed("e", True, 5, 4, 42.0, sent_at=42.0)
     assert [r.url.path for r in seen] == ["/health", "/metrics"]
+
+
+async def test_a_load_reading_says_when_it_was_asked_for():
+    # The scheduler counts only turns placed before the metrics were asked for as seen by them.
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=SGLANG_PAGE if request.url.path == "/metrics" else "ok")
+
+    times = iter([10.0, 11.5])
+    result, _ = await _probe(_replica(), handler, clock=lambda: next(times))
+    assert (result.sent_at, result.at) == (10.0, 11.5)
 
 
 async def test_health_answer_other_than_2xx_is_unhealthy():
