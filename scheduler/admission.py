@@ -85,11 +85,12 @@ def room(
     return waiting_interactive < lookahead, for_batch
 
 
-def limit(replica: Replica, in_flight: int, waiting_ours: int) -> int | None:
-    """The most of our turns the replica may hold now (running plus lookahead), None when uncapped."""
+def limit(replica: Replica, in_flight: int, waiting_interactive: int) -> int | None:
+    """The most of our turns the replica may hold now, None when uncapped: those it holds, plus
+    the interactive turns it still has room for (`room`; batch may have room for fewer)."""
     if uncapped(replica):
         return None
-    return in_flight - waiting_ours + replica.lookahead
+    return in_flight + max(0, replica.lookahead - replica.others_waiting - waiting_interactive)
 
 
 def others_waiting(unconfirmed_sent: int, engine_waiting: int | None) -> int:

@@ -46,13 +46,13 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "healthy": r.healthy,
             "probed": r.probed,
             "in_flight": in_flight.get(r.name, 0),
-            # The most of our turns it may hold now: those its engine runs, plus the lookahead.
-            "limit": admission.limit(
-                r, in_flight.get(r.name, 0), state.waiting_ours(r.name) + r.others_waiting
-            ),
+            # The most of our turns it may hold now (admission.limit).
+            "limit": admission.limit(r, in_flight.get(r.name, 0), state.waiting_interactive(r.name)),
             "lookahead": r.lookahead,
-            # Our turns there that its engine is not yet known to have started.
+            # Our turns there that its engine is not yet known to have started, and of those
+            # the interactive ones (each class may have a lookahead of them there).
             "waiting_ours": state.waiting_ours(r.name),
+            "waiting_interactive": state.waiting_interactive(r.name),
             # Other clients' requests its last reading showed queued ahead of ours.
             "others_waiting": r.others_waiting,
             "running": r.running,

@@ -205,7 +205,9 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
     replicas = {r[0]: r for r in page.bodies["replicas"]}
     assert set(replicas) == {"fake-a", "fake-b"}
     assert replicas["fake-a"][1:4] == ["generative", "fake-llama", "unhealthy"]
-    assert replicas["fake-a"][4:6] == ["0 / 2", "0 of 2"], "in flight / limit, ours waiting in the engine"
+    assert replicas["fake-a"][4:6] == ["0 / 2", "0 (0 interactive), 2 a class"], (
+        "in flight / limit, ours waiting in the engine"
+    )
     held = {r[0]: r[1] for r in page.bodies["held"]}
     assert held["all"] == "1" and held["class interactive"] == "1" and held["caller page-team"] == "1"
     assert page.texts["error"] == ""
