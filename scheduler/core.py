@@ -627,7 +627,10 @@ def _set_unconfirmed(tx: _Tx, turn: Turn, present: bool) -> None:
     assert replica is not None
     if not present:
         tx.may_place = True
-    key = (turn.seq, turn.turn_id)
+    # Keyed in the order the turns went out, which is their order in the engine's queue: what
+    # `_confirm_next` (its head) and `_confirm_by_reading` (the newest still there) rely on. A
+    # turn held longer goes out after turns that arrived after it.
+    key = (turn.placed_at, turn.seq, turn.turn_id)
     waiting = tx.unconfirmed.get(replica, EMPTY)
     waiting = waiting.add(key) if present else waiting.remove(key)
     tx.unconfirmed = tx.unconfirmed.set(replica, waiting) if waiting else tx.unconfirmed.delete(replica)
@@ -655,7 +658,7 @@ def _confirm_next(tx: _Tx, replica: str) -> None:
     waiting = tx.unconfirmed.get(replica)
     if not waiting:
         return
-    turn = tx.turns[waiting.first()[1]]
+    turn = tx.turns[waiting.first()[-1]]
     if turn.streamed is False:
         _confirm(tx, turn)
 
@@ -664,7 +667,7 @@ def _confirm_by_reading(tx: _Tx, name: str, sent_at: float) -> None:
     """A load reading of `name`: of our turns placed before it was asked for, all but the newest
     `waiting` of them are running (see `admission.still_waiting`)."""
     waiting = tx.unconfirmed.get(name)
-    sent = [tx.turns[turn_id] for _, turn_id in waiting] if waiting else []
+    sent = [tx.turns[turn_id] for _, _, turn_id in waiting] if waiting else []
     sent = [t for t in sent if t.placed_at is not None and t.placed_at <= sent_at]
     replica = tx.replicas[name]
     keep = admission.still_waiting(len(sent), replica.waiting)
@@ -864,13 +867,19 @@ def _drain(tx: _Tx, actions: list[Action]) -> None:
         group, caller, replica = best
         lane = tx.held_queues[(group, caller)].first()[1]
         turn = tx.turns[tx.lanes[lane].first()[1]]
+        kept_at = _paused_at(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
         _place(tx, turn, group, replica)
         actions.append(Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at))
-        # A placement changes the room of its own replica only (its waiting turns, and the kept
-        # room of a paused run coming back there).
+        # A placement changes the room of its own replica (its waiting turns, and the kept room of
+        # a paused run coming back there) and, when a paused run's turn goes elsewhere (its
+        # replica does not serve that model), the room batch kept for it on its replica.
         name = replica.name
         for_interactive, for_batch = _room_of(tx, tx.replicas[name])
-        if for_interactive != (name in room_interactive) or for_batch != (name in room_batch):
+        if (
+            for_interactive != (name in room_interactive)
+            or for_batch != (name in room_batch)
+            or (kept_at is not None and kept_at != name)
+        ):
             room_interactive, room_batch = _rooms(tx)
 
 

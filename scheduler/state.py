@@ -178,8 +178,8 @@ class State(NamedTuple):
     placed_order: SortedSet = EMPTY
     # Runs with no open turn as (last activity, run id), quietest first: what idle expiry looks at.
     quiet_order: SortedSet = EMPTY
-    # Per replica, our placed turns not yet seen running there, as (seq, turn id): the ones that
-    # may be waiting in its engine's queue (see admission.py).
+    # Per replica, our placed turns not yet seen running there, as (placed_at, seq, turn id), in
+    # the order they went out: the ones that may be waiting in its engine's queue (see admission.py).
     unconfirmed: Map[str, SortedSet] = _NO_MAP
     # Interactive runs paused on a tool with room kept for them, as (kept_until, run id), soonest
     # first: what ends a kept slot whose tool is taking longer than its caller's usually do.

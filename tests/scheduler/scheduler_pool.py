@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from luftpause.config import LOOKAHEAD
 from luftpause.scheduler.actions import Action, Place, Refuse
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.events import (
     Event,
+    FirstToken,
     PoolConfigured,
     ReplicaProbed,
     ReplicaSpec,
@@ -15,6 +17,7 @@ from luftpause.scheduler.events import (
     TurnArrived,
     TurnCompleted,
     TurnFailed,
+    TurnStarted,
 )
 from luftpause.scheduler.state import Kind, ServiceClass, State, TurnStatus
 
@@ -25,8 +28,10 @@ def spec(
     kind: Kind = Kind.GENERATIVE,
     reports_load: bool = True,
     load_from: tuple[str, ...] = (),
+    lookahead: int = LOOKAHEAD,
 ) -> ReplicaSpec:
-    return ReplicaSpec(name, f"http://{name}", kind, models or ("m",), reports_load, load_from)
+    """A replica serving `models` (default "m"); `lookahead` 0 takes any number of our turns."""
+    return ReplicaSpec(name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead)
 
 
 class Pool:
@@ -59,6 +64,20 @@ class Pool:
             TurnArrived(turn_id, run_id or f"run-{turn_id}", ServiceClass(cls), caller, model, kind, self.now)
         )
 
+    def start(self, *turn_ids: str, streamed: bool = True) -> tuple[Action, ...]:
+        """The dataplane reports each turn's request sent; `streamed`: its reply streams."""
+        actions: tuple[Action, ...] = ()
+        for turn_id in turn_ids:
+            actions += self.feed(TurnStarted(turn_id, self.state.turns[turn_id].run_id, self.now, streamed))
+        return actions
+
+    def first_token(self, *turn_ids: str) -> tuple[Action, ...]:
+        """Each turn's first token reached the dataplane: its engine started it."""
+        actions: tuple[Action, ...] = ()
+        for turn_id in turn_ids:
+            actions += self.feed(FirstToken(turn_id, self.state.turns[turn_id].run_id, self.now))
+        return actions
+
     def complete(self, turn_id: str, tool_calls: bool = False) -> tuple[Action, ...]:
         turn = self.state.turns[turn_id]
         reason, ids = ("tool_calls", ("call_1",)) if tool_calls else ("stop", ())
@@ -76,9 +95,15 @@ class Pool:
         return self.feed(RunEnded(run_id, self.now))
 
     def probe(
-        self, name: str, healthy: bool = True, running: int | None = None, waiting: int | None = None
+        self,
+        name: str,
+        healthy: bool = True,
+        running: int | None = None,
+        waiting: int | None = None,
+        sent_at: float | None = None,
     ) -> tuple[Action, ...]:
-        return self.feed(ReplicaProbed(name, healthy, running, waiting, self.now))
+        """A probe answered now; `sent_at`: when the load was asked for (default: now)."""
+        return self.feed(ReplicaProbed(name, healthy, running, waiting, self.now, sent_at))
 
     def tick(self) -> tuple[Action, ...]:
         return self.feed(Tick(self.now))
@@ -90,6 +115,11 @@ class Pool:
 
     def held(self) -> list[str]:
         return [t.turn_id for t in sorted(self.state.held(), key=lambda t: t.seq)]
+
+    def unconfirmed(self, name: str) -> list[str]:
+        """Our turns placed on `name` that its engine is not yet known to have started, in arrival order."""
+        waiting = [self.state.turns[key[-1]] for key in self.state.unconfirmed.get(name, ())]
+        return [t.turn_id for t in sorted(waiting, key=lambda t: t.seq)]
 
 
 def placements(actions: tuple[Action, ...]) -> list[tuple[str, str]]:

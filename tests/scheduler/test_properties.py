@@ -1,26 +1,48 @@
 """The scheduler core's promises, checked on random event sequences (hypothesis, stateful).
 
-A small pool (two engines, an uncapped hosted endpoint, a router in front of the two engines,
-and a single-pass classifier) is driven by random arrivals, completions, failures, abandons,
-progress reports, probes, clock jumps, run ends, duplicate reports, retried admissions and
-scheduler restarts with a resync. After every event the checks below hold; at the end every
+A small pool (two engines with different lookaheads, an uncapped hosted endpoint, a replica
+whose engine reports no load, a router in front of the two engines, and a single-pass
+classifier) is driven by random arrivals, completions, failures, abandons, progress reports
+(requests sent, streamed or not; first tokens), probes (some asked for before earlier
+placements), clock jumps, run ends, duplicate reports, retried admissions, scheduler restarts
+with a resync, and queues clearing. After every event the checks below hold; at the end every
 open turn is closed and the counts must return to zero, and replaying the log must reproduce
 every action and the final state.
+
+The checks compare the core with a model kept here by plain scans and its own bookkeeping:
+which placed turns the engine is known to have started (first token; a load reading, of the
+turns sent before it all but the `waiting` newest; a turn ending there, for the oldest one whose
+reply does not stream), the other clients' requests a reading showed queued, how long batch keeps
+room for each paused interactive run and what each caller's pauses average. From those the model
+says which replica has room for which class (the rule of admission.py), and the core must place
+exactly up to it.
 
 Each run keeps one class and one caller, as a dataplane sees it (the class is a header of the
 run's requests), which is what makes the per-placement checks below exact from the state after
 each decision: within one decision the drain places interactive turns before batch ones.
+
+A second test drives the core against the fake engine's model (`fake_engine.engine.Engine`, two
+small engines in virtual time, as the simulator does) with streamed turns whose first tokens are
+reported as the engine starts them: the engines' own queues never hold more of our turns of a
+class than the lookahead, and every turn is served.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from luftpause.fake_engine.engine import Engine, EngineRequest, Step
+from luftpause.fake_engine.params import EngineParams
+from luftpause.fake_engine.prefix_cache import Block
+from luftpause.scheduler import admission
 from luftpause.scheduler.actions import Action, Place, Refuse, TurnExpired
 from luftpause.scheduler.core import RUN_IDLE_EXPIRY_S, TURN_TIMEOUT_S, decide, replay
 from luftpause.scheduler.events import (
@@ -44,14 +66,17 @@ from luftpause.scheduler.state import Kind, Phase, ServiceClass, State, Turn, Tu
 
 POOL = PoolConfigured(
     (
-        ReplicaSpec("a", "http://a", Kind.GENERATIVE, ("m", "n")),
-        ReplicaSpec("b", "http://b", Kind.GENERATIVE, ("m",)),
-        ReplicaSpec("hosted", "http://hosted", Kind.GENERATIVE, ("n",), reports_load=False),
-        ReplicaSpec("router", "http://router", Kind.GENERATIVE, ("r",), load_from=("a", "b")),
-        ReplicaSpec("cls", "http://cls", Kind.SINGLE_PASS, ("m",)),
+        ReplicaSpec("a", "http://a", Kind.GENERATIVE, ("m", "n"), lookahead=3),
+        ReplicaSpec("b", "http://b", Kind.GENERATIVE, ("m",), lookahead=1),
+        ReplicaSpec("hosted", "http://hosted", Kind.GENERATIVE, ("n",), reports_load=False, lookahead=0),
+        ReplicaSpec("local", "http://local", Kind.GENERATIVE, ("n",), reports_load=False, lookahead=2),
+        ReplicaSpec("router", "http://router", Kind.GENERATIVE, ("r",), load_from=("a", "b"), lookahead=2),
+        ReplicaSpec("cls", "http://cls", Kind.SINGLE_PASS, ("m",), lookahead=2),
     )
 )
-PROBED = ("a", "b", "hosted", "router", "cls")
+PROBED = ("a", "b", "hosted", "local", "router", "cls")
+NO_LOAD = frozenset(s.name for s in POOL.replicas if not s.reports_load)
+ROUTERS = {s.name: s.load_from for s in POOL.replicas if s.load_from}
 RUNS = tuple(f"run{i}" for i in range(6))
 CALLERS = ("alice", "bob", "")
 
@@ -89,27 +114,66 @@ def _tracks(turn: Turn) -> bool:
     return turn.kind is Kind.GENERATIVE and bool(turn.run_id)
 
 
+def capped(state: State, name: str) -> bool:
+    return state.replicas[name].lookahead > 0
+
+
 def in_flight(state: State) -> Counter[str]:
     return Counter(t.replica for t in state.turns.values() if t.status is TurnStatus.PLACED)
 
 
-def paused_interactive(state: State) -> Counter[str]:
-    return Counter(
-        r.replica
-        for r in state.runs.values()
-        if r.phase is Phase.PAUSED and r.service_class is ServiceClass.INTERACTIVE and r.replica
+def unconfirmed(state: State, name: str, service_class: ServiceClass | None = None) -> list[Turn]:
+    """Our turns placed on a capped replica that its engine is not known to have started, in the
+    order they were sent."""
+    if not capped(state, name):
+        return []
+    return sorted(
+        (
+            t
+            for t in state.placed()
+            if t.replica == name
+            and not t.confirmed
+            and (service_class is None or t.service_class is service_class)
+        ),
+        key=sent_order,
     )
 
 
-def has_room(state: State, name: str, service_class: ServiceClass) -> bool:
+def sent_order(turn: Turn) -> tuple[float, int]:
+    """The order our turns reached a replica: by when they were placed (within one decision, by
+    arrival, the order the drain considers them in)."""
+    assert turn.placed_at is not None
+    return (turn.placed_at, turn.seq)
+
+
+def paused_interactive(state: State) -> Counter[str]:
+    """Interactive runs paused on a tool that batch still keeps room for, per replica."""
+    return Counter(
+        r.replica
+        for r in state.runs.values()
+        if r.phase is Phase.PAUSED
+        and r.service_class is ServiceClass.INTERACTIVE
+        and r.replica
+        and r.kept_until is not None
+    )
+
+
+def room_for(state: State, name: str, service_class: ServiceClass) -> bool:
+    """Whether `name` has room for a turn of `service_class`, by the rule of admission.py, from the
+    facts: interactive turns count only among themselves; batch counts every turn of ours not yet
+    started, and leaves one turn of lookahead to each paused interactive run, down to one. Others'
+    requests a reading showed queued count against both."""
     replica = state.replicas[name]
-    cap = replica.capacity()
-    if cap is None:
+    if not replica.healthy:
+        return False
+    lookahead = replica.lookahead
+    if lookahead <= 0:
         return True
-    used = in_flight(state)[name]
-    if service_class is ServiceClass.BATCH:
-        used += paused_interactive(state)[name]
-    return used < cap
+    others = replica.others_waiting
+    if service_class is ServiceClass.INTERACTIVE:
+        return len(unconfirmed(state, name, ServiceClass.INTERACTIVE)) + others < lookahead
+    paused = min(paused_interactive(state)[name], lookahead - 1)
+    return len(unconfirmed(state, name)) + others + paused < lookahead
 
 
 def eligible(state: State, turn: Turn) -> list[str]:
@@ -123,11 +187,180 @@ def eligible(state: State, turn: Turn) -> list[str]:
     ]
 
 
+def router_waiting(state: State, engines: tuple[str, ...]) -> int | None:
+    readings = [state.replicas[e].waiting for e in engines if state.replicas[e].waiting is not None]
+    return sum(readings) if readings else None
+
+
+@dataclass
+class Model:
+    """What the core should know besides the facts it is told, kept here by the rules' own words,
+    one event at a time: which placed turns the engine started, which were sent with a reply that
+    does not stream, what each replica's last reading said of others' requests, until when batch
+    keeps room for each paused interactive run, and each caller's average pause."""
+
+    confirmed: set[str] = field(default_factory=set)
+    not_streamed: set[str] = field(default_factory=set)
+    # replica -> (others' requests its last reading showed queued ahead of ours, when it was asked for)
+    others: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    kept: dict[str, float] = field(default_factory=dict)
+    paused_at: dict[str, float] = field(default_factory=dict)
+    estimate: dict[str, float] = field(default_factory=dict)
+
+    def step(self, before: State, event: Event, after: State) -> None:
+        placed = {t.turn_id: t for t in before.placed()}
+        confirmed = self.confirmed & placed.keys()
+        not_streamed = self.not_streamed & placed.keys()
+        others = dict(self.others)
+        gone: set[str] = set()
+
+        def waiting(name: str) -> list[Turn]:
+            if not capped(after, name):
+                return []
+            return sorted(
+                (
+                    t
+                    for t in placed.values()
+                    if t.replica == name and t.turn_id not in confirmed and t.turn_id not in gone
+                ),
+                key=sent_order,
+            )
+
+        def confirm(turn: Turn) -> None:
+            confirmed.add(turn.turn_id)
+            assert turn.replica is not None and turn.placed_at is not None
+            theirs, read_at = others.get(turn.replica, (0, None))
+            if capped(after, turn.replica) and theirs and (read_at is None or turn.placed_at > read_at):
+                # A turn of ours sent after the reading started: the queue ahead of it is gone.
+                others[turn.replica] = (0, read_at)
+
+        def confirm_next(name: str) -> None:
+            # The engine had room for the head of its queue: the oldest of ours there.
+            queue = waiting(name)
+            if queue and queue[0].turn_id in not_streamed:
+                confirm(queue[0])
+
+        def reading(name: str, sent_at: float, engine_waiting: int | None) -> None:
+            sent = [t for t in waiting(name) if t.placed_at is not None and t.placed_at <= sent_at]
+            if engine_waiting is None:
+                keep, theirs = len(sent), 0
+            else:
+                keep, theirs = min(len(sent), engine_waiting), max(0, engine_waiting - len(sent))
+            others[name] = (theirs, sent_at)
+            for t in sent[: len(sent) - keep]:
+                confirm(t)
+
+        if isinstance(event, FirstToken):
+            turn = placed.get(event.turn_id)
+            if turn is not None and turn.turn_id not in confirmed:
+                confirm(turn)
+        elif isinstance(event, TurnStarted):
+            if event.turn_id in placed and not event.streamed:
+                not_streamed.add(event.turn_id)
+        elif isinstance(event, TurnCompleted):
+            turn = placed.get(event.turn_id)
+            if turn is not None and turn.replica is not None:
+                gone.add(turn.turn_id)
+                confirm_next(turn.replica)
+        elif isinstance(event, TurnFailed | TurnAbandoned):
+            turn = placed.get(event.turn_id)
+            if turn is not None and turn.replica is not None:
+                gone.add(turn.turn_id)
+                if turn.turn_id in confirmed:  # it ran, so its end made room in the engine
+                    confirm_next(turn.replica)
+        elif isinstance(event, Tick):
+            for turn in sorted(placed.values(), key=lambda t: (t.placed_at, t.seq, t.turn_id)):
+                assert turn.placed_at is not None and turn.replica is not None
+                if event.at - turn.placed_at >= TURN_TIMEOUT_S:
+                    gone.add(turn.turn_id)
+                    if turn.turn_id in confirmed:
+                        confirm_next(turn.replica)
+        elif isinstance(event, ReplicaProbed) and event.name in after.replicas:
+            sent_at = event.sent_at if event.sent_at is not None else event.at
+            if event.name not in ROUTERS and event.waiting is not None:
+                reading(event.name, sent_at, after.replicas[event.name].waiting)
+            for router, engines in ROUTERS.items():
+                if event.name in engines:
+                    reading(router, sent_at, router_waiting(after, engines))
+        elif isinstance(event, Resynced):
+            confirmed, not_streamed = set(), set()
+
+        still = {t.turn_id for t in after.placed()}
+        self.confirmed = confirmed & still
+        self.not_streamed = not_streamed & still
+        self.others = others
+        self._runs(before, event, after)
+
+    def _runs(self, before: State, event: Event, after: State) -> None:
+        if (
+            isinstance(event, TurnArrived)
+            and event.turn_id not in before.turns
+            and event.turn_id in after.turns
+        ):
+            run = before.runs.get(event.run_id)
+            turn = after.turns[event.turn_id]
+            if _tracks(turn) and run is not None and run.phase is Phase.PAUSED:
+                # Back from its tool: the pause is from the tool call (or the run's last turn to
+                # arrive while it is still paused, its first one back being held) until now.
+                pause = event.at - self.paused_at[event.run_id]
+                self.estimate[event.caller] = admission.learn_pause(self.estimate.get(event.caller), pause)
+                self.paused_at[event.run_id] = event.at
+        if isinstance(event, TurnCompleted):
+            turn = before.turns.get(event.turn_id)
+            run = after.runs.get(event.run_id)
+            if turn is not None and _tracks(turn) and turn.status is TurnStatus.PLACED and run is not None:
+                if run.phase is Phase.PAUSED:
+                    self.paused_at[run.run_id] = event.at
+                    if run.service_class is ServiceClass.INTERACTIVE and run.replica:
+                        keep = admission.keep_paused_for(self.estimate.get(run.caller))
+                        self.kept[run.run_id] = event.at + keep
+        if isinstance(event, Resynced):
+            self.kept, self.paused_at = {}, {}
+            for r in event.runs:
+                if r.phase is Phase.PAUSED:
+                    self.paused_at[r.run_id] = event.at - max(r.idle_s, 0.0)
+                    if r.service_class is ServiceClass.INTERACTIVE and r.replica:
+                        keep = admission.keep_paused_for(self.estimate.get(r.caller))
+                        self.kept[r.run_id] = event.at + keep
+        for run_id in list(self.paused_at):
+            run = after.runs.get(run_id)
+            if run is None or run.phase is not Phase.PAUSED:
+                del self.paused_at[run_id]
+                self.kept.pop(run_id, None)
+        for run_id, until in list(self.kept.items()):
+            if until <= after.now:
+                del self.kept[run_id]  # its tool is taking longer than its caller's usually do
+
+    def check(self, state: State) -> None:
+        for t in state.placed():
+            assert t.confirmed == (t.turn_id in self.confirmed), (
+                f"{t.turn_id} on {t.replica}: confirmed {t.confirmed}, the model says {not t.confirmed}"
+            )
+            assert (t.streamed is False) == (t.turn_id in self.not_streamed), (
+                f"{t.turn_id}: streamed {t.streamed}"
+            )
+        for r in state.replicas.values():
+            if r.lookahead > 0:
+                assert (r.others_waiting, r.read_at) == self.others.get(r.name, (0, None)), (
+                    f"{r.name}: others waiting {r.others_waiting} read at {r.read_at}, "
+                    f"the model says {self.others.get(r.name, (0, None))}"
+                )
+        for run in state.runs.values():
+            # (A run paused with no replica to come back to, its id reused by a new run while the
+            # old one's turn ran, keeps room nowhere, whatever its kept_until says.)
+            if run.phase is Phase.PAUSED and run.service_class is ServiceClass.INTERACTIVE and run.replica:
+                assert run.kept_until == self.kept.get(run.run_id), (
+                    f"{run.run_id}: kept until {run.kept_until}, the model says {self.kept.get(run.run_id)}"
+                )
+        assert dict(state.pause_estimate) == self.estimate
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
         self.state = State()
+        self.model = Model()
         self.log: list[Event] = []  # since the last restart
         self.actions: list[Action] = []
         self.next_turn = 0
@@ -143,6 +376,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.log.append(event)
         self.actions.extend(actions)
         self.last = (before, event, actions)
+        self.model.step(before, event, self.state)
         gone = set(before.turns) - set(self.state.turns)
         if not isinstance(event, Resynced | PoolConfigured):
             for turn_id in gone:
@@ -168,7 +402,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         turns=st.lists(
             st.tuples(
                 st.sampled_from((*RUNS, "")),
-                st.sampled_from(("m", "m", "m", "m", "m", "m", "n", "r", "unknown")),
+                st.sampled_from(("m", "m", "m", "m", "m", "n", "n", "r", "r", "unknown")),
                 st.integers(0, 9),
             ),
             min_size=1,
@@ -200,11 +434,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.feed(TurnFailed(turn.turn_id, turn.run_id, "engine broke", self.now))
 
     @precondition(lambda self: self._open(TurnStatus.PLACED))
-    @rule(data=st.data(), first=st.booleans())
-    def progress(self, data: st.DataObject, first: bool) -> None:
+    @rule(data=st.data(), streamed=st.booleans())
+    def sent(self, data: st.DataObject, streamed: bool) -> None:
+        """The dataplane sent a placed turn's request; its reply streams or not."""
         turn = self.state.turns[data.draw(st.sampled_from(self._open(TurnStatus.PLACED)))]
-        event = FirstToken if first else TurnStarted
-        self.feed(event(turn.turn_id, turn.run_id, self.now))
+        actions = self.feed(TurnStarted(turn.turn_id, turn.run_id, self.now, streamed))
+        assert actions == (), "a request going out makes no room"
+
+    @precondition(lambda self: self._open(TurnStatus.PLACED))
+    @rule(data=st.data())
+    def first_token(self, data: st.DataObject) -> None:
+        turn = self.state.turns[data.draw(st.sampled_from(self._open(TurnStatus.PLACED)))]
+        self.feed(FirstToken(turn.turn_id, turn.run_id, self.now))
 
     @precondition(lambda self: self._open(TurnStatus.HELD))
     @rule(data=st.data())
@@ -246,12 +487,27 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(
         name=st.sampled_from(PROBED),
         healthy=st.sampled_from((True, True, True, False)),
-        # Mostly a queueing engine running a few: the capped pool where the rules matter.
+        # Mostly a queueing engine running a few: the pool where the rules matter.
         running=st.sampled_from((None, 0, 1, 1, 2, 2, 3)),
-        waiting=st.sampled_from((None, 0, 1, 1, 1, 2)),
+        waiting=st.sampled_from((None, 0, 0, 1, 1, 1, 2, 4)),
+        # When the load was asked for: at the answer, or before some of our turns went out.
+        asked=st.sampled_from((None, None, 0.0, 0.5, 2.0)),
     )
-    def probe(self, name: str, healthy: bool, running: int | None, waiting: int | None) -> None:
-        self.feed(ReplicaProbed(name, healthy, running, waiting, self.now))
+    def probe(
+        self, name: str, healthy: bool, running: int | None, waiting: int | None, asked: float | None
+    ) -> None:
+        if name in NO_LOAD:
+            running = waiting = None
+        sent_at = None if asked is None else self.now - asked
+        self.feed(ReplicaProbed(name, healthy, running, waiting, self.now, sent_at))
+
+    @rule(
+        name=st.sampled_from(("a", "b", "cls")), started=st.integers(1, 2), asked=st.sampled_from((0.0, 0.5))
+    )
+    def engine_started_some_of_ours(self, name: str, started: int, asked: float) -> None:
+        """A reading of an engine that has started the oldest of our turns there and queues the rest."""
+        waiting = max(0, len(unconfirmed(self.state, name)) - started)
+        self.feed(ReplicaProbed(name, True, 3, waiting, self.now, self.now - asked))
 
     @rule(caps=st.tuples(st.integers(1, 3), st.integers(1, 3)))
     def both_engines_queue(self, caps: tuple[int, int]) -> None:
@@ -259,12 +515,43 @@ class SchedulerMachine(RuleBasedStateMachine):
         for name, running in zip(("a", "b"), caps, strict=True):
             self.feed(ReplicaProbed(name, True, running, 1, self.now))
 
-    @rule(seconds=st.sampled_from((0.0, 0.5, 1.0, 30.0, TURN_TIMEOUT_S, RUN_IDLE_EXPIRY_S)))
+    @rule(seconds=st.sampled_from((0.0, 0.5, 1.0, 3.0, 30.0, TURN_TIMEOUT_S, RUN_IDLE_EXPIRY_S)))
     def tick(self, seconds: float) -> None:
         self.now += seconds
         for action in self.feed(Tick(self.now)):
             if isinstance(action, TurnExpired):
                 assert action.turn_id not in self.state.turns
+
+    @rule()
+    def queue_clears(self) -> None:
+        """Every engine's queue empties and every turn placed so far starts: the pool is back to
+        full use at once, each replica filled up to its lookahead and no further."""
+        for name in PROBED:
+            running, waiting = (None, None) if name in NO_LOAD else (len(self.state.placed()), 0)
+            self.feed(ReplicaProbed(name, True, running, waiting, self.now))
+        started = sorted(t.turn_id for t in self.state.placed())
+        for turn_id in started:
+            turn = self.state.turns.get(turn_id)
+            if turn is not None and not turn.confirmed:
+                self.feed(FirstToken(turn_id, turn.run_id, self.now))
+        s = self.state
+        for turn_id in started:
+            assert turn_id not in s.turns or s.turns[turn_id].confirmed, f"{turn_id} not taken for started"
+        for name in PROBED:
+            if capped(s, name):
+                assert s.replicas[name].others_waiting == 0
+                assert all(t.turn_id not in started for t in unconfirmed(s, name))
+        for turn in s.held():
+            for name in eligible(s, turn):
+                # Nothing but the turns placed just now waits there, and they fill it to the limit.
+                lookahead = s.replicas[name].lookahead
+                assert lookahead > 0, f"{turn.turn_id} held with room on uncapped {name}"
+                if turn.service_class is ServiceClass.INTERACTIVE:
+                    mine = len(unconfirmed(s, name, ServiceClass.INTERACTIVE))
+                    assert mine == lookahead, f"{name} has {mine} of {lookahead} interactive after a clear"
+                else:
+                    limit = lookahead - min(paused_interactive(s)[name], lookahead - 1)
+                    assert len(unconfirmed(s, name)) >= limit, f"{name} below batch's limit after a clear"
 
     @rule(roll=st.integers(0, 5))
     def restart(self, roll: int) -> None:
@@ -286,7 +573,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             ),
             at=self.now,
         )
-        self.state, self.log, self.actions = State(), [], []
+        self.state, self.log, self.actions, self.model = State(), [], [], Model()
         self.feed(PoolConfigured(POOL.replicas, self.now))
         for name in PROBED:
             r = old.replicas[name]
@@ -304,23 +591,73 @@ class SchedulerMachine(RuleBasedStateMachine):
     def new_places(self) -> list[Place]:
         """The last decision's placements of held turns (not a retried admission answered again,
         not a resync taking the dataplane's word), in the order decided."""
-        if self.last is None or isinstance(self.last[1], Resynced):
+        if self.last is None:
             return []
-        before, _, actions = self.last
+        before, event, actions = self.last
+        named = {t.turn_id for t in event.turns} if isinstance(event, Resynced) else set()
         return [
             a
             for a in actions
             if isinstance(a, Place)
+            and a.turn_id not in named
             and (a.turn_id not in before.turns or before.turns[a.turn_id].status is TurnStatus.HELD)
         ]
 
     @invariant()
-    def no_queueing_engine_gets_more_than_it_runs(self) -> None:
-        # The engine may start queueing after our turns went out: what is checked is that no
-        # placement ever takes a replica past its cap.
-        for name in {a.replica for a in self.new_places()}:
-            cap = self.state.replicas[name].capacity()
-            assert cap is None or in_flight(self.state)[name] <= cap, f"{name} over its running count"
+    def the_core_knows_what_the_model_knows(self) -> None:
+        self.model.check(self.state)
+
+    @invariant()
+    def each_placement_had_room_for_its_class(self) -> None:
+        # Within a drain our turns not yet started only grow, one per placement, and the kept
+        # room only shrinks as paused runs come back (interactive, placed before any batch): so the
+        # counts each placement saw are the final ones less the placements after it.
+        s = self.state
+        places = self.new_places()
+        paused = paused_interactive(s)
+        for i, a in enumerate(places):
+            replica = s.replicas[a.replica]
+            if replica.lookahead <= 0:
+                continue
+            turn = s.turns[a.turn_id]
+            later = [s.turns[b.turn_id] for b in places[i:] if b.replica == a.replica]
+            if turn.service_class is ServiceClass.INTERACTIVE:
+                seen = len(unconfirmed(s, a.replica, ServiceClass.INTERACTIVE)) - sum(
+                    t.service_class is ServiceClass.INTERACTIVE for t in later
+                )
+                assert seen + replica.others_waiting < replica.lookahead, (
+                    f"interactive {a.turn_id} placed on {a.replica} past its lookahead"
+                )
+            else:
+                seen = len(unconfirmed(s, a.replica)) - len(later)
+                kept = min(paused[a.replica], replica.lookahead - 1)
+                assert seen + replica.others_waiting + kept < replica.lookahead, (
+                    f"batch {a.turn_id} took room on {a.replica} kept for a paused interactive run"
+                )
+
+    @invariant()
+    def no_decision_sends_more_than_a_lookahead_of_a_class_to_wait(self) -> None:
+        # Of each class, our turns not yet started on a replica stay within its lookahead, unless
+        # they were already over it (a resync brings back turns without knowing what they do):
+        # placing never takes a class past it, and nothing else adds to them.
+        if self.last is None:
+            return
+        before, event, _ = self.last
+        for name in PROBED:
+            lookahead = self.state.replicas[name].lookahead
+            if lookahead <= 0:
+                continue
+            for cls in ServiceClass:
+                now = len(unconfirmed(self.state, name, cls))
+                if isinstance(event, Resynced):
+                    placed_now = any(
+                        a.replica == name and self.state.turns[a.turn_id].service_class is cls
+                        for a in self.new_places()
+                    )
+                    assert not placed_now or now <= lookahead
+                    continue
+                was = len(unconfirmed(before, name, cls)) if before.replicas else 0
+                assert now <= max(lookahead, was), f"{name}: {now} {cls} turns waiting, lookahead {lookahead}"
 
     @invariant()
     def a_turn_goes_only_to_a_healthy_replica_serving_its_model(self) -> None:
@@ -331,16 +668,6 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"{a.replica} does not serve it"
             )
             assert a.url == replica.url
-
-    @invariant()
-    def batch_never_takes_a_slot_kept_for_a_paused_interactive_run(self) -> None:
-        for a in self.new_places():
-            if self.state.turns[a.turn_id].service_class is not ServiceClass.BATCH:
-                continue
-            cap = self.state.replicas[a.replica].capacity()
-            if cap is not None:
-                used = in_flight(self.state)[a.replica] + paused_interactive(self.state)[a.replica]
-                assert used <= cap, f"batch turn {a.turn_id} took a kept slot on {a.replica}"
 
     @invariant()
     def a_run_generating_or_paused_goes_back_to_its_replica(self) -> None:
@@ -363,11 +690,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert pin is None or a.replica == pin, f"{turn.run_id} left {pin} for {a.replica}"
 
     @invariant()
-    def a_held_turn_has_nowhere_to_go(self) -> None:
+    def no_replica_with_room_is_left_idle_while_a_turn_it_may_take_is_held(self) -> None:
         for turn in self.state.held():
             for name in eligible(self.state, turn):
-                assert not has_room(self.state, name, turn.service_class), (
-                    f"{turn.turn_id} could go to {name}"
+                assert not room_for(self.state, name, turn.service_class), (
+                    f"{turn.turn_id} ({turn.service_class}) could go to {name}"
                 )
 
     @invariant()
@@ -410,6 +737,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 )
 
     @invariant()
+    def a_routers_load_is_the_sum_of_its_engines(self) -> None:
+        for router, engines in ROUTERS.items():
+            r = self.state.replicas[router]
+            readings = [self.state.replicas[e].running for e in engines]
+            running = [x for x in readings if x is not None]
+            assert r.running == (sum(running) if running else None)
+            assert r.waiting == router_waiting(self.state, engines)
+
+    @invariant()
     def indexes_agree_with_the_facts(self) -> None:
         s = self.state
         assert dict(s.in_flight_by_replica) == dict(in_flight(s))
@@ -425,6 +761,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         lanes = sorted(turn_id for queue in s.lanes.values() for _, turn_id in queue)
         assert lanes == sorted(t.turn_id for t in s.held())
         assert sum(len(c) for c in s.held_groups.values()) == sum(1 for _ in s.held_queues)
+        for name in PROBED:
+            assert sorted(key[-1] for key in s.unconfirmed.get(name, ())) == sorted(
+                t.turn_id for t in unconfirmed(s, name)
+            )
+            assert s.waiting_ours(name) == len(unconfirmed(s, name))
+            assert s.waiting_interactive(name) == len(unconfirmed(s, name, ServiceClass.INTERACTIVE))
+        assert list(s.kept_order) == sorted(
+            (r.kept_until, r.run_id)
+            for r in s.runs.values()
+            if r.phase is Phase.PAUSED
+            and r.service_class is ServiceClass.INTERACTIVE
+            and r.replica
+            and r.kept_until is not None
+        )
 
     def teardown(self) -> None:
         if self.last is None:
@@ -434,7 +784,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert actions == self.actions
         assert state == self.state
         # Close everything still open; every turn then ended exactly once and nothing is counted.
-        self.feed(ReplicaProbed("a", True, 0, 0, self.now))
+        for name in PROBED:
+            self.feed(ReplicaProbed(name, True, 0, 0, self.now))
         for turn_id in sorted(self.state.turns):
             turn = self.state.turns[turn_id]
             if turn.status is TurnStatus.HELD:
@@ -446,12 +797,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not s.in_flight_by_replica and not s.in_flight_by_caller
         assert not s.held_groups and not s.held_queues and not s.lanes and not s.caller_groups
         assert not s.placed_order and not s.run_open and not s.run_placed and not s.run_lanes
+        assert not s.unconfirmed and not s.unconfirmed_interactive
         for turn_id in self.admitted:
             assert self.ends[turn_id] == 1, f"{turn_id} ended {self.ends[turn_id]} times"
         assert all(n == 1 for n in self.placed_once.values()), "a turn was placed twice"
 
 
-# The suite runs a fixed set of 300 sequences (derandomized), so a run of it is never flaky;
+# The suite runs a fixed set of sequences (derandomized), so a run of it is never flaky;
 # LUFTPAUSE_PROPERTY_EXAMPLES=5000 explores fresh random sequences instead, as many as asked.
 _EXPLORE = os.environ.get("LUFTPAUSE_PROPERTY_EXAMPLES")
 SchedulerMachine.TestCase.settings = settings(
@@ -463,3 +815,233 @@ SchedulerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestScheduler = SchedulerMachine.TestCase
+
+
+# --- against the engine model ---------------------------------------------------------------
+
+
+@dataclass
+class SimTurn:
+    turn_id: str
+    run_id: str
+    service_class: ServiceClass
+    caller: str
+    request: EngineRequest
+    last: bool  # the run's last turn: it ends in text; the others end in a tool call
+
+
+@dataclass
+class SimRun:
+    run_id: str
+    service_class: ServiceClass
+    caller: str
+    start: float
+    prompts: tuple[int, ...]  # each turn's new prompt tokens (the earlier ones are its cached prefix)
+    replies: tuple[int, ...]
+    pauses: tuple[float, ...]  # the tool's time after each turn but the last
+
+
+class EngineWorld:
+    """The core in front of two fake engines in virtual time, wired as the dataplane, the prober and
+    the clock wire it: a placed turn's request goes out at once and is reported sent; a streamed
+    reply's first token is reported when the engine's step that started it ends (a reply that does
+    not stream reports nothing until it ends); its end is reported when the engine finishes it.
+    Each engine's load is read every 2 s (the two a second apart) and the clock ticks every second.
+    With `priorities`, the engines put interactive requests first, as the dataplane asks an engine
+    that honours priorities to.
+
+    What waits in each engine is checked after every request sent (streamed), or, for replies
+    that do not stream, whenever the engine starts a step: the turn our last one's end made room
+    for is started at the engine's next step, not the instant the end is reported."""
+
+    ENGINES = ("a", "b")
+
+    def __init__(
+        self, params: EngineParams, lookahead: int, streamed: bool = True, priorities: bool = False
+    ) -> None:
+        self.now = 0.0
+        self.lookahead = lookahead
+        self.streamed = streamed
+        self.priorities = priorities
+        self.engines = {
+            name: Engine(replace(params, priority_scheduling=priorities)) for name in self.ENGINES
+        }
+        self.stepping = dict.fromkeys(self.ENGINES, False)
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.state = State()
+        self.log: list[Event] = []
+        self.turns: dict[str, SimTurn] = {}
+        self.started: set[str] = set()
+        self.finished: set[str] = set()
+        self.failed: set[str] = set()
+        self.most_waiting = 0
+        self.runs: dict[str, SimRun] = {}
+        specs = tuple(
+            ReplicaSpec(name, f"sim://{name}", Kind.GENERATIVE, ("m",), lookahead=lookahead)
+            for name in self.ENGINES
+        )
+        self.feed(PoolConfigured(specs, 0.0))
+
+    def at(self, when: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (when, self._seq, callback))
+        self._seq += 1
+
+    def feed(self, event: Event) -> None:
+        self.log.append(event)
+        self.state, actions = decide(self.state, event)
+        for action in actions:
+            assert isinstance(action, Place), f"unexpected {action}"
+            self._send(action)
+
+    def _send(self, place: Place) -> None:
+        turn = self.turns[place.turn_id]
+        if self.priorities and turn.service_class is ServiceClass.INTERACTIVE:
+            turn.request = replace(turn.request, priority=1)
+        self.feed(TurnStarted(turn.turn_id, turn.run_id, self.now, streamed=self.streamed))
+        self.engines[place.replica].submit(turn.request)
+        if self.streamed:
+            self._check(place.replica)
+        self._kick(place.replica)
+
+    def _check(self, name: str) -> None:
+        queued = Counter(
+            self.turns[request_id].service_class for request_id in self.engines[name].waiting.ids()
+        )
+        self.most_waiting = max(self.most_waiting, *queued.values(), 0)
+        for cls, n in queued.items():
+            assert n <= self.lookahead, (
+                f"{name}'s queue holds {n} of our {cls} turns at {self.now:.3f}, lookahead {self.lookahead}"
+            )
+
+    def _kick(self, name: str) -> None:
+        engine = self.engines[name]
+        if self.stepping[name] or not engine.busy:
+            return
+        engine.idle_until(self.now)
+        step = engine.step()
+        if step is None:
+            return
+        if not self.streamed:
+            self._check(name)
+        self.stepping[name] = True
+        self.at(step.ended, lambda: self._deliver(name, step))
+
+    def _deliver(self, name: str, step: Step) -> None:
+        for request_id in step.tokens:
+            if request_id not in self.started:
+                self.started.add(request_id)
+                if self.streamed:
+                    self.feed(FirstToken(request_id, self.turns[request_id].run_id, self.now))
+        for request_id in step.finished:
+            self._finished(self.turns[request_id])
+        for request_id in step.rejected:  # a prompt larger than the engine's memory
+            self.failed.add(request_id)
+            self.feed(TurnFailed(request_id, self.turns[request_id].run_id, "too long", self.now))
+        self.stepping[name] = False
+        self._kick(name)
+
+    def _finished(self, turn: SimTurn) -> None:
+        self.finished.add(turn.turn_id)
+        calls = () if turn.last else (f"call-{turn.turn_id}",)
+        reason = "stop" if turn.last else "tool_calls"
+        self.feed(
+            TurnCompleted(turn.turn_id, turn.run_id, reason, turn.request.prompt_tokens, 1, calls, self.now)
+        )
+        if not turn.last:
+            run = self.runs[turn.run_id]
+            index = int(turn.turn_id.rsplit("-", 1)[1]) + 1
+            self.at(self.now + run.pauses[index - 1], lambda: self._arrive(run, index))
+
+    def _arrive(self, run: SimRun, index: int) -> None:
+        blocks = tuple(Block(f"{run.run_id}/{k}".encode(), run.prompts[k]) for k in range(index + 1))
+        request = EngineRequest(f"{run.run_id}-{index}", blocks, run.replies[index], max_tokens=64)
+        turn = SimTurn(
+            request.request_id,
+            run.run_id,
+            run.service_class,
+            run.caller,
+            request,
+            index == len(run.prompts) - 1,
+        )
+        self.turns[turn.turn_id] = turn
+        self.feed(
+            TurnArrived(
+                turn.turn_id, run.run_id, run.service_class, run.caller, "m", Kind.GENERATIVE, self.now
+            )
+        )
+
+    def _probe(self, name: str) -> None:
+        load = self.engines[name].load()
+        self.feed(ReplicaProbed(name, True, load.running, load.waiting, self.now))
+        if not self._all_done():
+            self.at(self.now + 2.0, lambda: self._probe(name))
+
+    def _tick(self) -> None:
+        self.feed(Tick(self.now))
+        if not self._all_done():
+            self.at(self.now + 1.0, self._tick)
+
+    def _all_done(self) -> bool:
+        expected = sum(len(r.prompts) for r in self.runs.values())
+        return len(self.finished) + len(self.failed) >= expected or self.now > 900.0
+
+    def run(self, runs: list[SimRun]) -> None:
+        self.runs = {r.run_id: r for r in runs}
+        for r in runs:
+            self.at(r.start, lambda r=r: self._arrive(r, 0))
+        for i, name in enumerate(self.ENGINES):
+            self.at(float(i), lambda name=name: self._probe(name))
+        self.at(1.0, self._tick)
+        while self._events:
+            when, _, callback = heapq.heappop(self._events)
+            self.now = max(self.now, when)
+            callback()
+
+
+def sim_runs() -> st.SearchStrategy[list[SimRun]]:
+    @st.composite
+    def one(draw: st.DrawFn, i: int) -> SimRun:
+        turns = draw(st.integers(1, 4))
+        return SimRun(
+            f"run{i}",
+            draw(st.sampled_from((ServiceClass.INTERACTIVE, ServiceClass.BATCH))),
+            draw(st.sampled_from(("alice", "bob"))),
+            draw(st.sampled_from((0.0, 0.0, 0.05, 0.3, 1.0, 4.0))),
+            tuple(draw(st.lists(st.integers(20, 250), min_size=turns, max_size=turns))),
+            tuple(draw(st.lists(st.integers(1, 60), min_size=turns, max_size=turns))),
+            tuple(
+                draw(
+                    st.lists(st.sampled_from((0.0, 0.1, 0.5, 2.0, 6.0, 15.0)), min_size=turns, max_size=turns)
+                )
+            ),
+        )
+
+    return st.integers(1, 14).flatmap(lambda n: st.tuples(*(one(i) for i in range(n))).map(list))
+
+
+@given(
+    runs=sim_runs(),
+    slots=st.sampled_from((0, 1, 2, 4)),
+    # Room for a run's whole prompt and reply; a few of them at once, or one at a time.
+    kv_pool_tokens=st.sampled_from((1200, 2500, 6000)),
+    lookahead=st.integers(1, 3),
+    priorities=st.booleans(),
+)
+@settings(
+    max_examples=int(_EXPLORE or 60),
+    deadline=None,
+    derandomize=not _EXPLORE,
+    database=None if not _EXPLORE else settings.default.database,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+def test_an_engines_queue_never_holds_more_of_our_turns_of_a_class_than_the_lookahead(
+    runs: list[SimRun], slots: int, kv_pool_tokens: int, lookahead: int, priorities: bool
+):
+    world = EngineWorld(EngineParams(slots=slots, kv_pool_tokens=kv_pool_tokens), lookahead, True, priorities)
+    world.run(runs)
+    # Every turn was served (or refused by an engine that could never hold it), none is left held.
+    assert len(world.finished) + len(world.failed) == sum(len(r.prompts) for r in runs)
+    assert not world.state.turns
+    # And replaying what the core was told decides the same again.
+    assert replay(world.log)[0] == world.state

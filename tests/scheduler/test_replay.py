@@ -7,27 +7,37 @@ import pickle
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from scheduler_pool import Pool, spec
 
 from luftpause.scheduler.actions import Place
 from luftpause.scheduler.core import replay
-from luftpause.scheduler.events import Resynced, ResyncedRun, ResyncedTurn, TurnStarted
+from luftpause.scheduler.events import FirstToken, Resynced, ResyncedRun, ResyncedTurn, TurnStarted
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, TurnStatus
 
 
-def _busy_log(seed: int, steps: int = 400) -> tuple[list, list]:
-    """A log of a busy pool driven at random (every choice made from sorted lists), and its actions."""
+def _busy_log(seed: int, steps: int = 400) -> tuple[list, list, Counter]:
+    """A log of a busy pool driven at random (every choice made from sorted lists), its actions, and
+    how many turns each kind of event confirmed as started."""
     rng = random.Random(seed)
-    pool = Pool(spec("a"), spec("b"), spec("c", "m", "other"), spec("cls", "m", kind=Kind.SINGLE_PASS))
+    pool = Pool(
+        spec("a"),
+        spec("b", lookahead=1),
+        spec("c", "m", "other", lookahead=0),
+        spec("cls", "m", kind=Kind.SINGLE_PASS),
+    )
     actions: list = []
+    confirmed_by: Counter = Counter()
     runs = [f"run-{i}" for i in range(12)]
     callers = ["alice", "bob", ""]
     for step in range(steps):
         pool.wait(700.0 if rng.random() < 0.01 else rng.choice([0.0, 0.0, 0.5, 1.0, 5.0]))
         placed = sorted(t.turn_id for t in pool.state.turns.values() if t.status is TurnStatus.PLACED)
         held = pool.held()
+        before = {t.turn_id for t in pool.state.placed() if t.confirmed}
+        decided = len(actions)
         roll = rng.random()
         if roll < 0.4:
             actions += pool.arrive(
@@ -40,16 +50,22 @@ def _busy_log(seed: int, steps: int = 400) -> tuple[list, list]:
             )
         elif roll < 0.58 and placed:
             actions += pool.complete(rng.choice(placed), tool_calls=rng.random() < 0.5)
+        elif roll < 0.61 and placed:  # a report repeated
+            turn = pool.state.turns[rng.choice(placed)]
+            actions += pool.feed(TurnStarted(turn.turn_id, turn.run_id, pool.now, rng.random() < 0.5))
         elif roll < 0.65 and placed:
             turn = pool.state.turns[rng.choice(placed)]
-            actions += pool.feed(TurnStarted(turn.turn_id, turn.run_id, pool.now))
+            actions += pool.feed(FirstToken(turn.turn_id, turn.run_id, pool.now))
         elif roll < 0.7 and placed:
             actions += pool.fail(rng.choice(placed))
         elif roll < 0.75 and held:
             actions += pool.abandon(rng.choice(held))
         elif roll < 0.9:
             name = rng.choice(["a", "b", "c", "cls"])
-            actions += pool.probe(name, rng.random() < 0.85, rng.randint(1, 3), rng.choice([0, 1, 1, 2]))
+            sent_at = rng.choice([None, pool.now - 1.0])
+            actions += pool.probe(
+                name, rng.random() < 0.85, rng.randint(1, 3), rng.choice([0, 0, 1, 1, 2]), sent_at
+            )
         elif roll < 0.95:
             actions += pool.tick()
         elif roll < 0.98:
@@ -69,12 +85,21 @@ def _busy_log(seed: int, steps: int = 400) -> tuple[list, list]:
                     at=pool.now,
                 )
             )
-    return pool.log, actions
+        after = {t.turn_id for t in pool.state.placed() if t.confirmed}
+        confirmed_by[type(pool.log[-1]).__name__] += len(after - before)
+        # The dataplane reports each request sent as it goes out, its reply streamed or not.
+        for action in actions[decided:]:
+            turn = pool.state.turns.get(action.turn_id) if isinstance(action, Place) else None
+            if turn is not None and turn.status is TurnStatus.PLACED:
+                actions += pool.start(turn.turn_id, streamed=rng.random() < 0.5)
+    return pool.log, actions, confirmed_by
 
 
 def test_replaying_a_log_reproduces_every_action_and_the_final_state():
-    log, actions = _busy_log(seed=7)
-    assert sum(isinstance(a, Place) for a in actions) > 50  # the log really exercises placement
+    log, actions, confirmed_by = _busy_log(seed=7)
+    # The log really exercises placement, and every way a turn is taken for started.
+    assert sum(isinstance(a, Place) for a in actions) > 50
+    assert all(confirmed_by[kind] > 0 for kind in ("FirstToken", "ReplicaProbed", "TurnCompleted"))
     first_state, first = replay(log)
     second_state, second = replay(log)
     assert first == actions
@@ -83,7 +108,7 @@ def test_replaying_a_log_reproduces_every_action_and_the_final_state():
 
 
 def test_replay_does_not_depend_on_the_process_hash_seed(tmp_path: Path):
-    log, actions = _busy_log(seed=11, steps=250)
+    log, actions, _ = _busy_log(seed=11, steps=250)
     (tmp_path / "log.pickle").write_bytes(pickle.dumps(log))
     script = (
         "import pickle, sys; from luftpause.scheduler.core import replay; "

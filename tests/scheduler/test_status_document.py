@@ -9,18 +9,25 @@ from luftpause.scheduler.status import build_app, run_document, status_document
 
 
 def _busy_pool() -> Pool:
-    pool = Pool(spec("a"), spec("b", "m", "n"))
-    pool.probe("a", running=1, waiting=2)
+    pool = Pool(
+        spec("a", lookahead=1),
+        spec("b", "m", "n"),
+        spec("hosted", "n", reports_load=False, lookahead=0),
+    )
     pool.probe("b", healthy=False)
-    pool.arrive("t1", run_id="r1", caller="alice")  # placed on a
+    pool.arrive("t0", run_id="r0", caller="alice")  # placed on a, and started
+    pool.first_token("t0")
+    pool.arrive("t1", run_id="r1", caller="alice")  # placed on a, not yet started: a is full
+    pool.probe("a", running=2, waiting=1)  # t1 may be the one waiting
     pool.arrive("t2", run_id="r2", caller="alice", cls="batch")  # held
+    pool.arrive("h1", run_id="r4", caller="bob", model="n")  # placed on hosted
     pool.wait(4)
     pool.arrive("t3", run_id="r3", caller="bob")  # held
     pool.wait(1)
     return pool
 
 
-def test_replicas_show_in_flight_against_capacity_in_config_order():
+def test_replicas_show_in_flight_against_their_limit_in_config_order():
     doc = status_document(_busy_pool().state, now=5.0)
     assert doc["replicas"] == [
         {
@@ -30,10 +37,15 @@ def test_replicas_show_in_flight_against_capacity_in_config_order():
             "models": ["m"],
             "healthy": True,
             "probed": True,
-            "in_flight": 1,
-            "capacity": 1,
-            "running": 1,
-            "waiting": 2,
+            "in_flight": 2,
+            # What it holds: its interactive lookahead of one is taken.
+            "limit": 2,
+            "lookahead": 1,
+            "waiting_ours": 1,
+            "waiting_interactive": 1,
+            "others_waiting": 0,
+            "running": 2,
+            "waiting": 1,
             "paused_interactive": 0,
         },
         {
@@ -44,12 +56,47 @@ def test_replicas_show_in_flight_against_capacity_in_config_order():
             "healthy": False,
             "probed": True,
             "in_flight": 0,
-            "capacity": None,
+            "limit": 2,
+            "lookahead": 2,
+            "waiting_ours": 0,
+            "waiting_interactive": 0,
+            "others_waiting": 0,
+            "running": None,
+            "waiting": None,
+            "paused_interactive": 0,
+        },
+        {
+            "name": "hosted",
+            "url": "http://hosted",
+            "kind": "generative",
+            "models": ["n"],
+            "healthy": True,
+            "probed": False,
+            "in_flight": 1,
+            "limit": None,
+            "lookahead": 0,
+            "waiting_ours": 0,
+            "waiting_interactive": 0,
+            "others_waiting": 0,
             "running": None,
             "waiting": None,
             "paused_interactive": 0,
         },
     ]
+
+
+def test_a_replica_limit_grows_as_its_engine_starts_our_turns_and_shrinks_for_others_queued():
+    pool = Pool(spec("a", lookahead=2))
+    for t in ("t1", "t2", "t3"):
+        pool.arrive(t)
+    entry = status_document(pool.state, now=0.0)["replicas"][0]
+    assert (entry["in_flight"], entry["waiting_ours"], entry["limit"]) == (2, 2, 2)
+    pool.first_token("t1", "t2", "t3")  # t3 went out when t1 started
+    entry = status_document(pool.state, now=0.0)["replicas"][0]
+    assert (entry["in_flight"], entry["waiting_ours"], entry["limit"]) == (3, 0, 5)
+    pool.probe("a", running=5, waiting=1)  # none of ours waits: someone else's request does
+    entry = status_document(pool.state, now=0.0)["replicas"][0]
+    assert (entry["others_waiting"], entry["limit"]) == (1, 4)
 
 
 def test_held_turns_by_class_and_caller_with_the_oldest_wait():
@@ -71,15 +118,22 @@ def test_held_turns_by_class_and_caller_with_the_oldest_wait():
 def test_runs_by_phase_and_class():
     pool = _busy_pool()
     pool.complete("t1", tool_calls=True)  # r1 paused; t3 (interactive) goes first
-    runs = status_document(pool.state, now=pool.now)["runs"]
-    assert runs == {
-        "count": 3,
-        "by_phase": {"generating": 1, "paused": 1, "idle": 1},
+    doc = status_document(pool.state, now=pool.now)
+    assert doc["runs"] == {
+        "count": 5,
+        "by_phase": {"generating": 3, "paused": 1, "idle": 1},
         "by_class": {
-            "interactive": {"generating": 1, "paused": 1, "idle": 0},
+            "interactive": {"generating": 3, "paused": 1, "idle": 0},
             "batch": {"generating": 0, "paused": 0, "idle": 1},
         },
     }
+    # r1 will be back on a; t3, not yet started, fills a's lookahead of one, so t2 still waits.
+    a = doc["replicas"][0]
+    assert (a["paused_interactive"], a["waiting_ours"], doc["held"]["by_class"]["batch"]["count"]) == (
+        1,
+        1,
+        1,
+    )
 
 
 def test_one_run():
