@@ -136,7 +136,7 @@ def decide(state: State, event: Event) -> Decision:
     # need look only when that may have changed: a replica gained room (a turn confirmed, a paused
     # run's kept room given up, a probe, a new pool) or a held turn has somewhere new to try (it
     # arrived, or its run's pin moved). Any other event leaves nothing to place.
-    if tx.held_groups and tx.may_place:
+    if tx.held_groups and (tx.may_place or (tx.entered and _entered_may_place(tx))):
         _drain(tx, actions)
     return tx.freeze(), tuple(actions)
 
@@ -164,11 +164,14 @@ class _Tx:
     the indexes that depend on what it changed current.
     """
 
-    __slots__ = (*State._fields, "may_place")
+    __slots__ = (*State._fields, "may_place", "entered")
 
     def __init__(self, s: State) -> None:
         # Set by whatever may let a held turn be placed; see `decide`.
         self.may_place = False
+        # Groups a lane entered in this decision: they may have somewhere to go that the
+        # groups already held had not.
+        self.entered: list[Group] = []
         (
             self.replicas,
             self.order,
@@ -734,7 +737,7 @@ def _unhold(tx: _Tx, turn: Turn, group: Group) -> None:
 
 def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
     """Enters a lane, by its first turn's seq, in its group's queue for its caller."""
-    tx.may_place = True
+    tx.entered.append(group)
     caller = lane[4]
     key = (group, caller)
     queue = tx.held_queues.get(key)
@@ -833,6 +836,20 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
             if best is None or load < best_load:
                 best, best_load = name, load
     return tx.replicas[best] if best is not None else None
+
+
+def _entered_may_place(tx: _Tx) -> bool:
+    """Whether a group that gained a lane in this decision could place its turn now. Only those
+    groups can: every other held turn had nowhere to go after the last decision, and no room grew."""
+    room_interactive, room_batch = _rooms(tx)
+    if not room_interactive:
+        return False
+    for group in tx.entered:
+        if group in tx.held_groups:
+            room = room_batch if group[3] is _BATCH else room_interactive
+            if room and _choose(tx, group, room) is not None:
+                return True
+    return False
 
 
 def _drain(tx: _Tx, actions: list[Action]) -> None:
