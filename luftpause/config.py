@@ -47,8 +47,8 @@ class Replica(_Strict):
     kind: Literal["generative", "single-pass"] = "generative"
     models: list[str] = Field(min_length=1)
     health_path: str = "/health"
-    # Which metric names /metrics is read with; "none" means the engine reports no load and is
-    # never capped (Ollama, hosted APIs).
+    # Which metric names /metrics is read with; "none" means the engine reports no load (Ollama,
+    # hosted APIs): its lookahead is then kept by first tokens alone.
     metrics: Literal["sglang", "vllm", "llamacpp", "none"] = "sglang"
     # Name of the environment variable holding this endpoint's API key, sent as a bearer token.
     api_key_env: str | None = None

@@ -51,7 +51,7 @@ class Phase(StrEnum):
 
 class TurnStatus(StrEnum):
     HELD = "held"  # waiting in the scheduler; its Admit call is still open
-    PLACED = "placed"  # on a replica, counted against its capacity until reported done
+    PLACED = "placed"  # on a replica, counted in flight there until reported done
 
 
 @dataclass(frozen=True, slots=True)

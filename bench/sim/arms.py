@@ -28,8 +28,8 @@
 - `luftpause-free-moving`: the same core with strict run affinity off. The core has no switch
   for that, so the arm makes every run idle before each of its turns by reporting the run ended
   just before the turn arrives: the core sees a run it does not know, free to go anywhere. A
-  paused interactive run still counts as paused while its tool runs, so batch still leaves its
-  slot free; only where it comes back to changes.
+  paused interactive run still counts as paused while its tool runs, so batch still keeps its
+  room; only where it comes back to changes.
 """
 
 from __future__ import annotations
