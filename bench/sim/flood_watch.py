@@ -225,13 +225,10 @@ def chromium() -> str | None:
     return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
-def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> str | None:
-    """Renders `url` to the PNG `path`; None when it worked, else why not (no Chromium, or it
-    failed: the run goes on without a picture)."""
-    browser = chromium()
-    if browser is None:
-        return "no headless Chromium here (Debian: apt-get install -y chromium)"
-    argv = [
+def headless_chromium(browser: str, profile: Path) -> list[str]:
+    """Chromium in headless mode as a container or CI runs it: no sandbox, no GPU, no shared
+    memory, nothing fetched from the network on its own, a profile of its own."""
+    return [
         browser,
         "--headless",
         "--no-sandbox",
@@ -241,8 +238,19 @@ def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> 
         "--disable-component-update",
         "--disable-sync",
         "--no-first-run",
-        "--hide-scrollbars",
         f"--user-data-dir={profile}",
+    ]
+
+
+def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> str | None:
+    """Renders `url` to the PNG `path`; None when it worked, else why not (no Chromium, or it
+    failed: the run goes on without a picture)."""
+    browser = chromium()
+    if browser is None:
+        return "no headless Chromium here (Debian: apt-get install -y chromium)"
+    argv = [
+        *headless_chromium(browser, profile),
+        "--hide-scrollbars",
         # The page fills its tables from its first fetch of /status after load; virtual time
         # lets that happen before the picture is taken.
         "--virtual-time-budget=3000",

@@ -22,6 +22,7 @@ import grpc
 import pytest
 from support import Ports, Service, free_port, running, wait_until, write_config
 
+from luftpause.bench.sim.flood_watch import headless_chromium
 from luftpause.proto import pb, rpc
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -133,16 +134,7 @@ def _render(url: str, profile: Path) -> _Tables:
     assert CHROMIUM is not None
     out = subprocess.run(
         [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
+            *headless_chromium(CHROMIUM, profile),
             "--virtual-time-budget=5000",
             "--dump-dom",
             url,
