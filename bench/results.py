@@ -46,3 +46,8 @@ def _cpus() -> int:
     import os
 
     return os.cpu_count() or 0
+
+
+def cell(value: float | None) -> str:
+    """A figure as a markdown table shows it: "-" for none, else the shortest form."""
+    return "-" if value is None else f"{value:g}"

@@ -35,8 +35,12 @@ def service_class(value: str | None) -> pb.ServiceClass:
         raise BadTurnRequest(f"{SERVICE_CLASS} must be {allowed}, not {value!r}") from None
 
 
+_CLASS_NAMES = {value: name for name, value in _CLASSES.items()}
+
+
 def class_name(value: pb.ServiceClass) -> str:
-    return "batch" if value == pb.BATCH else "interactive"
+    """The header's name for a service class: the inverse of `service_class`."""
+    return _CLASS_NAMES[value]
 
 
 def caller(value: str | None) -> str:

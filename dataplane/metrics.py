@@ -46,25 +46,19 @@ class DataplaneMetrics:
             "Turns placed on a replica whose reply has not ended yet.",
             registry=self.registry,
         )
-        admission = Histogram(
+        self._admission = self._per_class(
             "luftpause_dataplane_admission_seconds",
             "Time from asking the scheduler to admit a turn to its placement (held time included), "
             "by service class.",
-            ["class"],
-            buckets=_HELD_BUCKETS,
-            registry=self.registry,
+            _HELD_BUCKETS,
         )
-        self._admission = {c: admission.labels(c) for c in CLASSES}
-        first_token = Histogram(
+        self._first_token = self._per_class(
             "luftpause_dataplane_engine_first_token_seconds",
             "Time from sending a turn's request to its engine to the first token reaching the "
             "dataplane (the whole reply, when it is not streamed): the engine's queue and prefill, "
             "by service class.",
-            ["class"],
-            buckets=_FIRST_TOKEN_BUCKETS,
-            registry=self.registry,
+            _FIRST_TOKEN_BUCKETS,
         )
-        self._first_token = {c: first_token.labels(c) for c in CLASSES}
         self._connected = Gauge(
             "luftpause_dataplane_scheduler_connected",
             "1 while the scheduler link is resynced and reporting, else 0 (turns are held).",
@@ -73,6 +67,11 @@ class DataplaneMetrics:
 
     def watch_scheduler(self, connected: Callable[[], bool]) -> None:
         self._connected.set_function(lambda: 1.0 if connected() else 0.0)
+
+    def _per_class(self, name: str, documentation: str, buckets: tuple[float, ...]) -> dict[str, Histogram]:
+        """A histogram labelled by service class, as its children made up front."""
+        histogram = Histogram(name, documentation, ["class"], buckets=buckets, registry=self.registry)
+        return {c: histogram.labels(c) for c in CLASSES}
 
     def ended(self, route: str, outcome: str) -> None:
         self._turns[route, outcome].inc()

@@ -42,7 +42,8 @@ turn one fewer for each interactive run paused on a tool there with room kept fo
 last one); a paused run keeps that room only for about as long as its caller's tools take. Of the
 replicas with room, the one with the fewest of our turns in flight wins; ties go to config order.
 
-Draining. After every event but a turn's progress report (which frees nothing), held turns are
+Draining. After every event that may let a held turn go somewhere (a replica gained room, or a
+held turn entered a group it was not in: it arrived, or its run's pin moved), held turns are
 tried in order: interactive before batch, then the caller with the fewest turns in flight (so one
 caller's flood cannot starve another), then arrival. A turn that cannot be placed (its pinned
 replica is full) does not block the ones behind it. The order is re-evaluated after each
@@ -112,8 +113,8 @@ _GENERATING = Phase.GENERATING
 _INTERACTIVE = ServiceClass.INTERACTIVE
 _BATCH = ServiceClass.BATCH
 _GENERATIVE = Kind.GENERATIVE
-# Positions of a turn's last two fields: a turn is rebuilt from its other fields, which is
-# quicker than NamedTuple._replace on the per-turn path.
+# Positions of a turn's last two fields: a turn is rebuilt from its other fields and a new value
+# for one of these, which is quicker than NamedTuple._replace on the per-turn path.
 _STREAMED = Turn._fields.index("streamed")
 _CONFIRMED = Turn._fields.index("confirmed")
 
@@ -136,8 +137,10 @@ def decide(state: State, event: Event) -> Decision:
     # need look only when that may have changed: a replica gained room (a turn confirmed, a paused
     # run's kept room given up, a probe, a new pool) or a held turn has somewhere new to try (it
     # arrived, or its run's pin moved). Any other event leaves nothing to place.
-    if tx.held_groups and (tx.may_place or (tx.entered and _entered_may_place(tx))):
-        _drain(tx, actions)
+    if tx.held_groups and (tx.may_place or tx.entered):
+        rooms = _rooms(tx)
+        if tx.may_place or _entered_may_place(tx, *rooms):
+            _drain(tx, actions, *rooms)
     return tx.freeze(), tuple(actions)
 
 
@@ -838,10 +841,9 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     return tx.replicas[best] if best is not None else None
 
 
-def _entered_may_place(tx: _Tx) -> bool:
+def _entered_may_place(tx: _Tx, room_interactive: list[str], room_batch: list[str]) -> bool:
     """Whether a group that gained a lane in this decision could place its turn now. Only those
     groups can: every other held turn had nowhere to go after the last decision, and no room grew."""
-    room_interactive, room_batch = _rooms(tx)
     if not room_interactive:
         return False
     for group in tx.entered:
@@ -852,7 +854,7 @@ def _entered_may_place(tx: _Tx) -> bool:
     return False
 
 
-def _drain(tx: _Tx, actions: list[Action]) -> None:
+def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_batch: list[str]) -> None:
     """Places held turns, one at a time, the first in drain order that has somewhere to go.
 
     Each group's first key is its best turn: (caller's turns in flight, arrival). Across groups,
@@ -861,8 +863,8 @@ def _drain(tx: _Tx, actions: list[Action]) -> None:
     order, which is why each round starts again from the indexes. The first round looks at each
     replica, the later ones only at the replica the last turn went to (nothing else's room
     changed); each round looks at each group, and a saturated pool ends the drain at once.
+    `room_interactive` and `room_batch` are `_rooms(tx)` as the decision left them.
     """
-    room_interactive, room_batch = _rooms(tx)
     while True:
         if not room_interactive:
             return

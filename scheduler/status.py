@@ -2,8 +2,8 @@
 
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
 limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
-running and waiting counts, the turns held here by class and by caller with the oldest wait, and the runs by phase
-and class. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
+running and waiting counts; the turns held here by class and by caller with the oldest wait; and
+the runs by phase and class. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
 runtime's own GET /status (which sends the CORS headers that allow it). The server runs on the

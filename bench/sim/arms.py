@@ -44,9 +44,9 @@ from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
 from luftpause.config import DEFAULT_MODEL
+from luftpause.dataplane import headers
 from luftpause.dataplane.priority import Convention, priority_for
 from luftpause.fake_engine.prefix_cache import Block
-from luftpause.proto import pb
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.events import (
@@ -61,9 +61,7 @@ from luftpause.scheduler.events import (
     TurnCompleted,
     TurnStarted,
 )
-from luftpause.scheduler.state import Kind, ServiceClass, State
-
-_PB_CLASS = {ServiceClass.INTERACTIVE: pb.INTERACTIVE, ServiceClass.BATCH: pb.BATCH}
+from luftpause.scheduler.state import Kind, State
 
 PROBE_PERIOD_S = 2.0
 TICK_S = 1.0
@@ -258,7 +256,7 @@ class Luftpause(Arm):
 
     def _start(self, turn: SimTurn, replica: str) -> None:
         # What the dataplane writes into the request for a replica with this `engine_priority`.
-        priority = priority_for(self.engine_priority, _PB_CLASS[turn.service_class])
+        priority = priority_for(self.engine_priority, headers.service_class(turn.service_class))
         if priority is not None:
             turn.request = dataclasses.replace(turn.request, priority=priority)
         # The dataplane reports the start as it sends the request; the engine answers later.

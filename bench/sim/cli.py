@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from luftpause.bench.results import cell
 from luftpause.bench.sim.arms import ARMS
 from luftpause.bench.sim.run import ArmResult, simulate
 from luftpause.bench.sim.scenarios import SCENARIOS
@@ -36,10 +37,6 @@ RATIO_SCENARIOS = ("flood",)
 TIE_SCENARIOS = ("light",)
 
 
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
-
-
 def table(scenario: str, seed: int, results: Sequence[ArmResult]) -> str:
     lines = [
         f"Simulated {scenario}, seed {seed} (virtual time; runs ending in the measurement window)",
@@ -50,10 +47,10 @@ def table(scenario: str, seed: int, results: Sequence[ArmResult]) -> str:
     ]
     for r in results:
         lines.append(
-            f"| {r.name} | {_cell(r.interactive_runs_per_min)} | {_cell(r.interactive_p50_s)} | "
-            f"{_cell(r.batch_runs_per_min)} | {_cell(r.batch_p50_s)} | "
-            f"{_cell(r.interactive_wait_p50_s)} / {_cell(r.interactive_wait_p99_s)} | "
-            f"{_cell(r.batch_wait_p50_s)} | {r.prefix_cache_hit_rate:.1%} | {r.runs_moved} of {r.runs} |"
+            f"| {r.name} | {cell(r.interactive_runs_per_min)} | {cell(r.interactive_p50_s)} | "
+            f"{cell(r.batch_runs_per_min)} | {cell(r.batch_p50_s)} | "
+            f"{cell(r.interactive_wait_p50_s)} / {cell(r.interactive_wait_p99_s)} | "
+            f"{cell(r.batch_wait_p50_s)} | {r.prefix_cache_hit_rate:.1%} | {r.runs_moved} of {r.runs} |"
         )
     return "\n".join(lines)
 

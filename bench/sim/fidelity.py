@@ -76,6 +76,7 @@ from typing import Any
 import httpx
 
 from luftpause.bench import sglang_router
+from luftpause.bench.results import cell
 from luftpause.bench.sim import flood_watch
 from luftpause.bench.sim.run import simulate
 from luftpause.bench.sim.scenarios import SCENARIOS, Scenario
@@ -517,10 +518,6 @@ def ratios(rows: list[dict[str, Any]], router_arm: str, repeats: int) -> dict[st
 # -- the report --
 
 
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
-
-
 def _spread_cell(s: dict[str, float | None]) -> str:
     if s["median"] is None:
         return "-"
@@ -547,9 +544,9 @@ def report(
         cores = real.get("process_cores") or {}
         busiest = max(cores, key=cores.get) if cores else None
         lines.append(
-            f"| {row['repeat'] + 1} | {row['arm']} | {_cell(real.get('interactive_runs_per_min'))} / "
-            f"{_cell(sim['interactive_runs_per_min'])} | {_cell(real.get('batch_runs_per_min'))} / "
-            f"{_cell(sim['batch_runs_per_min'])} | {_cell(real.get('errors'))} | "
+            f"| {row['repeat'] + 1} | {row['arm']} | {cell(real.get('interactive_runs_per_min'))} / "
+            f"{cell(sim['interactive_runs_per_min'])} | {cell(real.get('batch_runs_per_min'))} / "
+            f"{cell(sim['batch_runs_per_min'])} | {cell(real.get('errors'))} | "
             f"{'-' if real.get('cpu_busy') is None else format(real['cpu_busy'], '.0%')} | "
             f"{'-' if busiest is None else f'{busiest} {cores[busiest]:.0%}'} | "
             f"{'yes' if row['counts'] else 'no: ' + row['why_not']} |"
@@ -696,8 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             real = row["real"]
             say.line(
-                f"{label}: done: interactive {_cell(real.get('interactive_runs_per_min'))} runs/min "
-                f"(sim {row['sim']['interactive_runs_per_min']:g}), batch {_cell(real.get('batch_runs_per_min'))} "
+                f"{label}: done: interactive {cell(real.get('interactive_runs_per_min'))} runs/min "
+                f"(sim {row['sim']['interactive_runs_per_min']:g}), batch {cell(real.get('batch_runs_per_min'))} "
                 f"(sim {row['sim']['batch_runs_per_min']:g})"
                 + (f", CPU {real['cpu_busy']:.0%} busy" if "cpu_busy" in real else "")
                 + ("" if row["counts"] else f"; does not count: {row['why_not']}")
