@@ -38,6 +38,13 @@ def test_engine_priority_is_off_unless_a_replica_declares_its_engines_convention
     assert config.load(f).replicas[0].engine_priority == "sglang"
 
 
+def test_lookahead_is_two_unless_a_replica_sets_it(tmp_path: Path) -> None:
+    assert {r.lookahead for r in config.load(None).replicas} == {2}
+    f = tmp_path / "c.toml"
+    f.write_text('[[replicas]]\nname = "hosted"\nurl = "https://api"\nmodels = ["m"]\nlookahead = 0\n')
+    assert config.load(f).replicas[0].lookahead == 0
+
+
 def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     replica = config.Replica(name="r", url="https://x", models=["m"], api_key_env="LP_TEST_KEY")
     monkeypatch.delenv("LP_TEST_KEY", raising=False)
@@ -65,6 +72,10 @@ def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) 
         (
             '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nengine_priority = "higher"\n',
             "replicas.0.engine_priority: Input should be 'none', 'sglang' or 'vllm'",
+        ),
+        (
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nlookahead = -1\n',
+            "replicas.0.lookahead: Input should be greater than or equal to 0",
         ),
         ("[dataplane\n", "not valid TOML"),
     ],
