@@ -80,6 +80,12 @@ class Service:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def send_signal(self, sig: int) -> None:
+        """Sends `sig` to the service without waiting (SIGSTOP, SIGCONT)."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Sends `sig` to the service and waits for it to exit."""
         if self.alive():

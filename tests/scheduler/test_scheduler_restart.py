@@ -1,8 +1,8 @@
 """The scheduler killed with SIGKILL in the middle of 20 agents' runs, and started again.
 
-Real processes on loopback ports: two fake engines (slowed down so that a turn outlasts the
-outage), the scheduler and the dataplane. Twenty agents keep their own loop, the way a harness
-does: each sends a turn with a tool offered, answers every tool call and sends the next turn
+Real processes on loopback ports: two fake engines (slowed down, and stopped over the outage so
+that the turns in them outlast it), the scheduler and the dataplane. Twenty agents keep their
+own loop, the way a harness does: each sends a turn with a tool offered, answers every tool call and sends the next turn
 of the same run, until the model answers in text. While turns are being generated the scheduler
 is killed, and started again at once, empty. What a user of luftpause must see:
 
@@ -38,7 +38,8 @@ LOOKUP = {
     },
 }
 # Every modelled duration of the fake engines times this: a tool-call turn takes a few seconds,
-# longer than the scheduler takes to come back, so turns are still running when it resyncs.
+# so agents are mid-run when the scheduler dies. The engines are also stopped (SIGSTOP) over the
+# outage, so turns are still running when it resyncs however slowly the scheduler restarts.
 TIME_SCALE = "15"
 
 
@@ -171,15 +172,21 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
             timeout_s=60,
             what="every agent's first turn",
         )
-        # Kill while a turn that has only just gone out is running on an engine.
-        wait_until(
-            lambda: any(
-                a.waiting_on_engine() and time.monotonic() - a.turns[-1].sent_at < 0.5 for a in agents
-            ),
-            timeout_s=30,
-            interval_s=0.01,
-            what="a turn to go out",
-        )
+        # Kill while turns are running on the engines, and keep them running across the outage:
+        # both engines are stopped (SIGSTOP) with turns of ours in them, so those turns cannot
+        # end before the restarted scheduler has taken the dataplane's resync, however long the
+        # restart takes on a busy machine. They carry on (SIGCONT) once it has.
+        def frozen_with_turns_out() -> bool:
+            for e in engines:
+                e.send_signal(signal.SIGSTOP)
+            if _in_flight_at_dataplane(dataplane_url) > 0:
+                return True
+            for e in engines:
+                e.send_signal(signal.SIGCONT)
+            return False
+
+        wait_until(frozen_with_turns_out, timeout_s=30, interval_s=0.05, what="a turn to go out")
+        in_flight_at_kill = _in_flight_at_dataplane(dataplane_url)
         killed_at = time.monotonic()
         scheduler.kill(signal.SIGKILL)
         assert sum(not a.done for a in agents) > 0, "the scheduler must die mid-run"
@@ -187,6 +194,8 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
         scheduler.start()
         scheduler.wait_http(status_url)
         wait_until(connected, what="the dataplane to resync with the restarted scheduler")
+        for e in engines:
+            e.send_signal(signal.SIGCONT)
 
         # The restarted scheduler holds exactly what the dataplane resynced, turns in flight included.
         sent = _last(
@@ -196,7 +205,7 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
         taken = _last(r"resynced: (\d+) runs, (\d+) turns in flight", scheduler.output()[log_before_restart:])
         assert taken == sent
         assert sent[0] == AGENTS, "every run the dataplane knew was resynced"
-        assert sent[1] > 0, "turns were running on the engines across the restart"
+        assert sent[1] == in_flight_at_kill > 0, "the turns running on the engines were resynced"
 
         # Hold the agents at their tool step until nothing moves, then compare the counts.
         gate.clear()
