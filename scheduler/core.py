@@ -734,8 +734,24 @@ def _unhold(tx: _Tx, turn: Turn, group: Group) -> None:
         return
     tx.lanes = tx.lanes.set(lane, queue)
     if turn.seq == head:
-        _unhold_lane(tx, lane, head, group)
-        _hold_lane(tx, lane, queue.first()[0], group)
+        _move_lane_head(tx, lane, head, queue.first()[0], group)
+
+
+def _move_lane_head(tx: _Tx, lane: Lane, head: int, new_head: int, group: Group) -> None:
+    """A lane that stays in `group` is now stood for by a later turn (`new_head`, after `head`):
+    `_unhold_lane` then `_hold_lane`, in one change of each index. The group gains no turn that
+    could go anywhere its other turns could not, so it has not `entered` anywhere."""
+    caller = lane[4]
+    key = (group, caller)
+    queue = tx.held_queues[key]
+    first = queue.first()[0]
+    queue = queue.replace((head, lane), (new_head, lane))
+    tx.held_queues = tx.held_queues.set(key, queue)
+    if head == first:
+        # The lane stood for its caller in the group; whichever lane is first now does.
+        count = tx.in_flight_by_caller.get(caller, 0)
+        callers = tx.held_groups[group].replace((count, first, caller), (count, queue.first()[0], caller))
+        tx.held_groups = tx.held_groups.set(group, callers)
 
 
 def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
@@ -860,26 +876,37 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
     Each group's first key is its best turn: (caller's turns in flight, arrival). Across groups,
     interactive goes before batch. A group whose best turn cannot be placed has no turn that
     can, so it is passed over whole. Placing a turn changes its caller's count, and so the
-    order, which is why each round starts again from the indexes. The first round looks at each
-    replica, the later ones only at the replica the last turn went to (nothing else's room
-    changed); each round looks at each group, and a saturated pool ends the drain at once.
-    `room_interactive` and `room_batch` are `_rooms(tx)` as the decision left them.
+    order, which is why each round starts again from the indexes. A placement only takes room
+    away (from the replica it went to), so a group found with nowhere to go stays so for the
+    rest of the drain: the first round looks at every group, the later ones only at those that
+    could still place (or were not looked at) and those a lane entered meanwhile; when room did
+    grow somewhere (a paused run's kept room given up elsewhere), the next round looks at all
+    again. A saturated pool ends the drain at once. `room_interactive` and `room_batch` are
+    `_rooms(tx)` as the decision left them.
     """
+    looking: Iterable[Group] | None = None  # None: every held group
     while True:
         if not room_interactive:
             return
         best_key: tuple[bool, int, int] | None = None
         best: tuple[Group, str, Replica] | None = None
-        for group, callers in tx.held_groups.items():
+        still: list[Group] = []
+        groups = tx.held_groups
+        for group in groups if looking is None else looking:
+            callers = groups.get(group)
+            if callers is None:
+                continue
             batch = group[3] is _BATCH
             if batch and not room_batch:
                 continue
             count, seq, caller = callers.first()
             key = (batch, count, seq)
             if best_key is not None and key >= best_key:
+                still.append(group)  # not looked at: it may have somewhere to go
                 continue
             replica = _choose(tx, group, room_batch if batch else room_interactive)
             if replica is not None:
+                still.append(group)
                 best_key, best = key, (group, caller, replica)
         if best is None:
             return
@@ -887,19 +914,22 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
         lane = tx.held_queues[(group, caller)].first()[1]
         turn = tx.turns[tx.lanes[lane].first()[1]]
         kept_at = _paused_at(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
+        entered = len(tx.entered)
         _place(tx, turn, group, replica)
         actions.append(Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at))
-        # A placement changes the room of its own replica (its waiting turns, and the kept room of
-        # a paused run coming back there) and, when a paused run's turn goes elsewhere (its
-        # replica does not serve that model), the room batch kept for it on its replica.
+        looking = {*still, *tx.entered[entered:]}
         name = replica.name
-        for_interactive, for_batch = _room_of(tx, tx.replicas[name])
-        if (
-            for_interactive != (name in room_interactive)
-            or for_batch != (name in room_batch)
-            or (kept_at is not None and kept_at != name)
-        ):
+        if kept_at is not None and kept_at != name:
+            # A paused run's turn went elsewhere: batch gets back the room it kept on `kept_at`.
             room_interactive, room_batch = _rooms(tx)
+            looking = None
+            continue
+        # Only the room of the replica the turn went to changed, and only downwards.
+        for_interactive, for_batch = _room_of(tx, tx.replicas[name])
+        if not for_interactive and name in room_interactive:
+            room_interactive = [n for n in room_interactive if n != name]
+        if not for_batch and name in room_batch:
+            room_batch = [n for n in room_batch if n != name]
 
 
 def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
