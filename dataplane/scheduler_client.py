@@ -96,7 +96,9 @@ class SchedulerClient:
         id. When `abandoned` completes first (the client left), the call is cancelled, which the
         scheduler takes as the turn being abandoned, and None is returned; if the scheduler had
         placed the turn at that very moment, its reply is returned all the same and the caller
-        must report the turn failed to free the slot.
+        must report the turn failed to free the slot. A cancel that gRPC accepts does not prove
+        the scheduler had not placed the turn already (its reply may be on the wire), so the
+        turn is then also reported abandoned on the report stream (`_abandon`).
         """
         assert self._stub is not None, "start() first"
         while True:
@@ -110,10 +112,12 @@ class SchedulerClient:
                 # cancel() is False when the reply is already in: then it is read like any other.
                 if not answered.done() and call.cancel():
                     answered.cancel()
+                    self._abandon(request)
                     return None
                 await asyncio.wait({answered})
             except asyncio.CancelledError:
-                call.cancel()
+                if call.cancel():
+                    self._abandon(request)
                 answered.cancel()
                 raise
             error = answered.exception()
@@ -144,6 +148,12 @@ class SchedulerClient:
         """Records the event in the run book and queues it for the scheduler; never blocks."""
         self.runs.apply(event)
         self._events.put_nowait(event)
+
+    def _abandon(self, request: pb.AdmitRequest) -> None:
+        """Tells the scheduler that a turn whose Admit we cancelled is abandoned, wherever it is:
+        held (the cancel says so as well), or placed just before the cancel, with a reply we will
+        never read and a slot that would otherwise stay taken until the turn timeout."""
+        self.report(pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()))
 
     def _connection_lost(self) -> None:
         """Makes the report loop reconnect and resync before anything else is admitted."""

@@ -34,6 +34,8 @@ from luftpause.scheduler.status import build_app
 log = logging.getLogger("luftpause.scheduler")
 
 TICK_PERIOD_S = 1.0
+# How long an abandon reported before its turn's Admit arrived is remembered.
+ABANDONED_EARLY_KEPT_S = 60.0
 
 _CLASSES = {pb.INTERACTIVE: ServiceClass.INTERACTIVE, pb.BATCH: ServiceClass.BATCH}
 _KINDS = {pb.GENERATIVE: Kind.GENERATIVE, pb.SINGLE_PASS: Kind.SINGLE_PASS}
@@ -49,10 +51,15 @@ class SchedulerHost:
         self.state = State()
         # Open Admit calls per turn id; a retried admission may wait beside the first.
         self._waiting: dict[str, list[asyncio.Future[Place | Refuse]]] = {}
+        # Turns reported abandoned before their Admit was seen (the Report stream overtook the
+        # call the client had just cancelled), by when: such an Admit is dropped on arrival.
+        self._abandoned_early: dict[str, float] = {}
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
     def feed(self, event: ev.Event) -> tuple[Action, ...]:
         before = self.state
+        if isinstance(event, ev.TurnAbandoned) and event.turn_id not in before.turns:
+            self._abandoned_early[event.turn_id] = event.at
         self.state, actions = decide(self.state, event)
         if isinstance(event, ev.ReplicaProbed):
             self._log_health_change(before, event)
@@ -82,6 +89,10 @@ class SchedulerHost:
         if old is not None and (old.healthy != probe.healthy or not old.probed):
             log.info("replica %s is %s", probe.name, "healthy" if probe.healthy else "unhealthy")
 
+    def abandoned_already(self, turn_id: str) -> bool:
+        """Whether the dataplane reported this turn abandoned before its Admit arrived."""
+        return self._abandoned_early.pop(turn_id, None) is not None
+
     async def admit(self, arrived: ev.TurnArrived) -> Place | Refuse:
         """Waits until the core places or refuses the turn; cancelling the wait abandons the turn."""
         waiter: asyncio.Future[Place | Refuse] = asyncio.get_running_loop().create_future()
@@ -100,7 +111,11 @@ class SchedulerHost:
             raise
 
     def tick(self) -> None:
-        self.feed(ev.Tick(self.clock()))
+        now = self.clock()
+        self.feed(ev.Tick(now))
+        # An Admit comes within moments of its own cancel, or not at all.
+        for turn_id in [t for t, at in self._abandoned_early.items() if now - at > ABANDONED_EARLY_KEPT_S]:
+            del self._abandoned_early[turn_id]
 
 
 def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
@@ -168,6 +183,8 @@ class SchedulerService(rpc.SchedulerServicer):
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
         if not request.turn_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "turn_id is required")
+        if self.host.abandoned_already(request.turn_id):
+            await context.abort(grpc.StatusCode.CANCELLED, "the turn was already reported abandoned")
         arrived = ev.TurnArrived(
             turn_id=request.turn_id,
             run_id=request.run_id,
