@@ -57,6 +57,8 @@ class SchedulerServicer:
     def Admit(self, request, context):
         """Held until the turn is placed on a replica or refused (unknown model). A caller that
         cancels the call abandons the turn: it leaves the wait queue and no engine request is made.
+        Since a cancel may cross a placement already on its way, the caller also reports the turn
+        abandoned on Report; an abandon that arrives before its Admit makes the Admit CANCELLED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
