@@ -106,7 +106,7 @@ async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> li
 
     async with grpc.aio.insecure_channel(target) as channel:
         stub = rpc.SchedulerStub(channel)
-        await stub.Resync(pb.ResyncRequest(), timeout=10)
+        await stub.Resync(iter([pb.ResyncRequest()]), timeout=10)
         stream = stub.Report(outgoing())
         latencies: list[float] = []
         counter = iter(range(warmup + turns))

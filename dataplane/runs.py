@@ -4,7 +4,8 @@ The scheduler holds the authoritative state, but it lives in another process and
 Every event the dataplane reports to it is applied here too, so this view always says what the
 scheduler would know had it seen every event: each run's last replica, phase, class and caller,
 and each placed turn not yet finished. After any reconnect, `resync_request` is sent before the
-report stream reopens and before anything is admitted again.
+report stream reopens and before anything is admitted again, split over messages of at most
+1 MiB (`resync_chunks`) so that its size never matters.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from luftpause.proto import pb
 
 RUN_IDLE_EXPIRY_S = 30 * 60.0
+# Each Resync message stays under this, a quarter of gRPC's default message limit.
+RESYNC_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -134,6 +137,10 @@ class RunBook:
             ],
         )
 
+    def resync_chunks(self, now: float | None = None, max_bytes: int = RESYNC_CHUNK_BYTES) -> list[pb.ResyncRequest]:
+        """`resync_request` split into messages of at most about `max_bytes` each (one at least)."""
+        return split_resync(self.resync_request(now), max_bytes)
+
     def _finish(self, turn_id: str) -> None:
         turn = self.turns.pop(turn_id, None)
         if turn is not None and _in_run_state(turn):
@@ -142,6 +149,25 @@ class RunBook:
                 self._turn_count[turn.run_id] = left
             else:
                 del self._turn_count[turn.run_id]
+
+
+def split_resync(request: pb.ResyncRequest, max_bytes: int = RESYNC_CHUNK_BYTES) -> list[pb.ResyncRequest]:
+    """The runs and turns of `request`, in order, over messages of at most about `max_bytes`
+    each: gRPC refuses a message over its limit (4 MiB by default), and a busy dataplane's view
+    grows past that within the idle window. Always at least one message, so an empty view is
+    still said."""
+    chunks = [pb.ResyncRequest()]
+    size = 0
+    for field, items in (("runs", request.runs), ("turns", request.turns)):
+        for item in items:
+            # The item, its field tag and its length prefix.
+            cost = item.ByteSize() + 6
+            if size and size + cost > max_bytes:
+                chunks.append(pb.ResyncRequest())
+                size = 0
+            getattr(chunks[-1], field).append(item)
+            size += cost
+    return chunks
 
 
 def _in_run_state(turn: PlacedTurn) -> bool:

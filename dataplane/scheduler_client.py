@@ -175,16 +175,16 @@ class SchedulerClient:
                 # told to stop rather than left to take events meant for the new stream.
                 self._events.put_nowait(None)
                 self._events = asyncio.Queue()
-                resync = self.runs.resync_request()
-                await self._stub.Resync(resync, timeout=RESYNC_TIMEOUT_S)
+                chunks = self.runs.resync_chunks()
+                await self._stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S)
                 self._report_call = self._stub.Report(self._outgoing(self._events))
                 self._synced.set()
                 self._outage_logged = False
                 log.info(
                     "connected to scheduler at %s (resynced %d runs, %d turns in flight)",
                     self._target,
-                    len(resync.runs),
-                    len(resync.turns),
+                    sum(len(c.runs) for c in chunks),
+                    sum(len(c.turns) for c in chunks),
                 )
                 await self._report_call
                 log.warning("scheduler ended the report stream; reconnecting")

@@ -44,7 +44,7 @@ class SchedulerStub:
                 request_serializer=scheduler__pb2.TurnEvent.SerializeToString,
                 response_deserializer=scheduler__pb2.ReportAck.FromString,
                 _registered_method=True)
-        self.Resync = channel.unary_unary(
+        self.Resync = channel.stream_unary(
                 '/luftpause.v1.Scheduler/Resync',
                 request_serializer=scheduler__pb2.ResyncRequest.SerializeToString,
                 response_deserializer=scheduler__pb2.ResyncReply.FromString,
@@ -72,8 +72,11 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Resync(self, request, context):
-        """Sent on startup and after every reconnect, before Report is reopened and before any Admit.
+    def Resync(self, request_iterator, context):
+        """Sent on startup and after every reconnect, before Report is reopened and before any Admit:
+        the dataplane's whole view, split over as many messages as keep each well under gRPC's
+        message limit, so that a view of any size goes through. The scheduler applies it once the
+        stream has ended, whole; a stream that breaks off changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,7 +95,7 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=scheduler__pb2.TurnEvent.FromString,
                     response_serializer=scheduler__pb2.ReportAck.SerializeToString,
             ),
-            'Resync': grpc.unary_unary_rpc_method_handler(
+            'Resync': grpc.stream_unary_rpc_method_handler(
                     servicer.Resync,
                     request_deserializer=scheduler__pb2.ResyncRequest.FromString,
                     response_serializer=scheduler__pb2.ResyncReply.SerializeToString,
@@ -163,7 +166,7 @@ class Scheduler:
             _registered_method=True)
 
     @staticmethod
-    def Resync(request,
+    def Resync(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -173,8 +176,8 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/luftpause.v1.Scheduler/Resync',
             scheduler__pb2.ResyncRequest.SerializeToString,

@@ -146,6 +146,7 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
 
 
 def resynced(request: pb.ResyncRequest, at: float) -> ev.Resynced:
+    """The core event for a whole resync (its messages' runs and turns put together)."""
     return ev.Resynced(
         runs=tuple(
             ev.ResyncedRun(
@@ -211,8 +212,13 @@ class SchedulerService(rpc.SchedulerServicer):
                 self.host.feed(event)
         return pb.ReportAck()
 
-    async def Resync(self, request: pb.ResyncRequest, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
-        self.host.feed(resynced(request, self.host.clock()))
+    async def Resync(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
+        # The whole view first: a stream that breaks off before its end leaves the state as it was.
+        whole = pb.ResyncRequest()
+        async for chunk in request_iterator:
+            whole.runs.extend(chunk.runs)
+            whole.turns.extend(chunk.turns)
+        self.host.feed(resynced(whole, self.host.clock()))
         state = self.host.state
         log.info("resynced: %d runs, %d turns in flight", len(state.runs), len(state.placed()))
         return pb.ResyncReply(runs=len(state.runs), turns=len(state.placed()))

@@ -104,7 +104,10 @@ class FakeScheduler(rpc.SchedulerServicer):
             self.log.append((event.WhichOneof("event"), event.turn_id))
         return pb.ReportAck()
 
-    async def Resync(self, request: pb.ResyncRequest, context: Any) -> pb.ResyncReply:
+    async def Resync(self, request_iterator: Any, context: Any) -> pb.ResyncReply:
+        request = pb.ResyncRequest()
+        async for chunk in request_iterator:
+            request.MergeFrom(chunk)
         self.resyncs.append(request)
         self.log.append(("resync", ""))
         return pb.ResyncReply(runs=len(request.runs), turns=len(request.turns))

@@ -261,9 +261,15 @@ async def test_resync_restores_the_dataplanes_runs_and_turns(scheduler: Schedule
     async with grpc.aio.insecure_channel(scheduler.target) as channel:
         stub = rpc.SchedulerStub(channel)
         reply = await stub.Resync(
-            pb.ResyncRequest(
-                runs=[pb.RunState(run_id="s-r1", replica="fake-a", phase=pb.PAUSED, caller="dp", idle_s=3.0)],
-                turns=[pb.InFlightTurn(turn_id="s-t9", run_id="s-r9", replica="fake-a", model=MODEL)],
+            iter(
+                [
+                    pb.ResyncRequest(
+                        runs=[pb.RunState(run_id="s-r1", replica="fake-a", phase=pb.PAUSED, caller="dp", idle_s=3.0)]
+                    ),
+                    pb.ResyncRequest(
+                        turns=[pb.InFlightTurn(turn_id="s-t9", run_id="s-r9", replica="fake-a", model=MODEL)]
+                    ),
+                ]
             ),
             timeout=5,
         )
@@ -274,7 +280,7 @@ async def test_resync_restores_the_dataplanes_runs_and_turns(scheduler: Schedule
         assert (await _status(scheduler))["replicas"][0]["in_flight"] == 1
         await _report(stub, _completed("s-t9", "s-r9"))
         # An empty resync, as after a dataplane restart with nothing in flight, clears the slate.
-        await stub.Resync(pb.ResyncRequest(), timeout=5)
+        await stub.Resync(iter([pb.ResyncRequest()]), timeout=5)
         assert (await _status(scheduler))["runs"]["count"] == 0
 
 
