@@ -34,6 +34,7 @@ import grpc
 import httpx
 
 from luftpause.bench import results
+from luftpause.dataplane.auth import TOKEN_ENV
 from luftpause.proto import pb, rpc
 
 MODEL = "bench-model"
@@ -106,8 +107,11 @@ async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> li
 
     async with grpc.aio.insecure_channel(target) as channel:
         stub = rpc.SchedulerStub(channel)
-        await stub.Resync(iter([pb.ResyncRequest()]), timeout=10)
-        stream = stub.Report(outgoing())
+        # The scheduler started here inherits LUFTPAUSE_TOKEN, and then asks for it.
+        token = os.environ.get(TOKEN_ENV)
+        md = (("authorization", f"Bearer {token}"),) if token else None
+        await stub.Resync(iter([pb.ResyncRequest()]), timeout=10, metadata=md)
+        stream = stub.Report(outgoing(), metadata=md)
         latencies: list[float] = []
         counter = iter(range(warmup + turns))
 
@@ -117,7 +121,7 @@ async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> li
                     turn_id=f"t{n}", run_id=f"r{n % 1000}", model=MODEL, caller=f"c{n % 10}"
                 )
                 started = time.perf_counter()
-                reply = await stub.Admit(request, timeout=10)
+                reply = await stub.Admit(request, timeout=10, metadata=md)
                 elapsed = time.perf_counter() - started
                 if reply.outcome != pb.AdmitReply.PLACED:
                     raise RuntimeError(f"turn t{n} not placed: {reply}")

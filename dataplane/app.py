@@ -62,8 +62,9 @@ class DataplaneApp(FastAPI):
 
 
 def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
-    """The dataplane app; `token` is the bearer every /v1 request needs (None lets everyone in)."""
-    proxy = Proxy(config)
+    """The dataplane app; `token` is the bearer every /v1 request needs (None lets everyone in),
+    and what it shows the scheduler's gRPC port, which asks for the same one."""
+    proxy = Proxy(config, token)
     gate = BearerGate(token)
     quiet_deliberate_cut_offs()
 

@@ -128,11 +128,11 @@ class Turn:
 class Proxy:
     """The per-turn path, and what it shares across turns: scheduler link, HTTP client, memories."""
 
-    def __init__(self, config: lp_config.Config) -> None:
+    def __init__(self, config: lp_config.Config, token: str | None = None) -> None:
         self.config = config
         self.memory = ToolCallMemory()
         self.runs = RunBook()
-        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs)
+        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token)
         self.metrics = DataplaneMetrics()
         self.metrics.watch_scheduler(lambda: self.scheduler.connected)
         # No read timeout on engine requests: a turn takes as long as the engine needs, and

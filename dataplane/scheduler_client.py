@@ -55,9 +55,11 @@ _CHANNEL_OPTIONS = [
 class SchedulerClient:
     """One connection to the scheduler; open with `start()`, close with `close()`."""
 
-    def __init__(self, target: str, runs: RunBook) -> None:
+    def __init__(self, target: str, runs: RunBook, token: str | None = None) -> None:
         self._target = target
         self.runs = runs
+        # The scheduler's gRPC port takes only calls carrying the token (scheduler/host.py).
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._channel: grpc.aio.Channel | None = None
         self._stub: rpc.SchedulerStub | None = None
         # One queue per report stream; None tells a stream's feeder that its stream is over.
@@ -105,7 +107,7 @@ class SchedulerClient:
             synced = asyncio.ensure_future(self._synced.wait())
             if not await _first(synced, abandoned):
                 return None
-            call = self._stub.Admit(request)
+            call = self._stub.Admit(request, metadata=self._metadata)
             answered = asyncio.ensure_future(_reply_of(call))
             try:
                 await asyncio.wait({answered, abandoned}, return_when=asyncio.FIRST_COMPLETED)
@@ -176,8 +178,8 @@ class SchedulerClient:
                 self._events.put_nowait(None)
                 self._events = asyncio.Queue()
                 chunks = self.runs.resync_chunks()
-                await self._stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S)
-                self._report_call = self._stub.Report(self._outgoing(self._events))
+                await self._stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
+                self._report_call = self._stub.Report(self._outgoing(self._events), metadata=self._metadata)
                 self._synced.set()
                 self._outage_logged = False
                 log.info(

@@ -4,9 +4,10 @@ Everything here translates. An Admit call becomes a `TurnArrived` and waits for 
 `Refuse` the core emits for that turn (at once or after being held); a cancelled Admit becomes a
 `TurnAbandoned`. Each message on the Report stream becomes the matching turn event, stamped with
 this process's monotonic clock on receipt; a Resync becomes `Resynced`. The prober and a 1 s tick
-feed `ReplicaProbed` and `Tick`. All of it runs on one asyncio event loop and `SchedulerHost.feed`
-never awaits, so calls into `decide` are serialised without a lock: each runs to completion,
-actions included, before the next event is looked at.
+feed `ReplicaProbed` and `Tick`. With `LUFTPAUSE_TOKEN` set, the gRPC port takes only calls that
+carry it as a bearer token (`BearerCheck`). All of it runs on one asyncio event loop and
+`SchedulerHost.feed` never awaits, so calls into `decide` are serialised without a lock: each runs
+to completion, actions included, before the next event is looked at.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import time
@@ -23,6 +25,7 @@ import grpc
 import uvicorn
 
 from luftpause import config as _config
+from luftpause.dataplane.auth import TOKEN_ENV, bearer_matches
 from luftpause.proto import pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
@@ -224,6 +227,43 @@ class SchedulerService(rpc.SchedulerServicer):
         return pb.ResyncReply(runs=len(state.runs), turns=len(state.placed()))
 
 
+class BearerCheck(grpc.aio.ServerInterceptor):
+    """Refuses (UNAUTHENTICATED) every call whose metadata lacks `authorization: Bearer <token>`,
+    compared in constant time as the dataplane compares its clients' (dataplane/auth.py)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001 (gRPC's types)
+        handler = await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        authorization = metadata.get("authorization")
+        if handler is None or bearer_matches(authorization.encode() if authorization else None, self._token):
+            return handler
+        return _refusing(handler)
+
+
+def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that answers UNAUTHENTICATED and does nothing else."""
+
+    async def refuse(_request, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN202
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong bearer token (see {TOKEN_ENV})")
+
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return make(refuse, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)  # fmt: skip
+
+
+def grpc_server(token: str | None) -> grpc.aio.Server:
+    """The scheduler's gRPC server, taking only calls that carry `token` when there is one."""
+    return grpc.aio.server(interceptors=[BearerCheck(token)] if token else None)
+
+
 class _StatusServer(uvicorn.Server):
     # The process handles SIGTERM/SIGINT itself (see `_main`) and then stops this server.
     @contextlib.contextmanager
@@ -263,7 +303,11 @@ async def _main(config: _config.Config) -> None:
             f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
         ) from None
 
-    server = grpc.aio.server()
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is None:
+        log.warning("%s is not set: the scheduler's gRPC port takes calls from anyone who can reach %s",
+                    TOKEN_ENV, settings.host)  # fmt: skip
+    server = grpc_server(token)
     rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     try:
         bound = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
