@@ -27,7 +27,7 @@ from luftpause import config as lp_config
 from luftpause.dataplane import headers
 from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
 from luftpause.dataplane.decide import Decide
-from luftpause.dataplane.errors import error_response
+from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
 from luftpause.dataplane.proxy import Proxy, quiet_deliberate_cut_offs
 
@@ -107,10 +107,14 @@ def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(proxy.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.delete("/v1/runs/{run_id}", status_code=204)
+    @app.delete("/v1/runs/{run_id:path}", status_code=204)
     async def end_run(run_id: str) -> Response:
+        try:
+            run_id = headers.path_run_id(run_id)
+        except TurnRefused as refusal:
+            return refusal_response(refusal)
         proxy.end_run(run_id)
-        return Response(status_code=204, headers={headers.RUN_ID: run_id})
+        return Response(status_code=204, headers={headers.RUN_ID: headers.on_the_wire(run_id)})
 
     return app
 

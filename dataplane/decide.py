@@ -27,7 +27,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
 from luftpause.dataplane import headers
@@ -144,13 +143,12 @@ class Decide:
         self.proxy = proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
-        try:
-            body = await request.body()
-        except ClientDisconnect:
+        read = await self.proxy.read_request(scope, receive, send, "decide")
+        if read is None:
             return
-        header = (request.headers.get(headers.RUN_ID) or "").strip()
-        answer = Answer(scope, receive, send, {headers.RUN_ID: header or new_run_id()})
+        request, named, body = read
+        run_id = named or new_run_id()
+        answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(run_id)})
         try:
             decision = parse_decide(body)
             service_class = headers.service_class(request.headers.get(headers.SERVICE_CLASS))
@@ -160,7 +158,7 @@ class Decide:
         labelled = decision.labels is not None
         turn = Turn(
             id=uuid.uuid4().hex,
-            run_id=answer.headers[headers.RUN_ID],
+            run_id=run_id,
             # A labelled decision is someone waiting on one token: it goes as interactive.
             service_class=pb.INTERACTIVE if labelled else service_class,
             caller=headers.caller(request.headers.get(headers.CALLER)),

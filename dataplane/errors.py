@@ -28,6 +28,12 @@ class BadTurnRequest(TurnRefused):
     status_code = 400
 
 
+class BodyTooLarge(TurnRefused):
+    """The request body is longer than the dataplane takes (`[dataplane] max_body_bytes`)."""
+
+    status_code = 413
+
+
 class UnknownModel(TurnRefused):
     """No replica of the pool serves the requested model; retrying gets the same answer."""
 

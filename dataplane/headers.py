@@ -1,10 +1,15 @@
 """The luftpause request and response headers, and the rules for reading the request ones.
 
-In:  `x-luftpause-run-id` (the run), `x-luftpause-class` (interactive, the default, or batch),
+In:  `x-luftpause-run-id` (the run: UTF-8, at most 256 bytes), `x-luftpause-class` (interactive, the default, or batch),
      `x-luftpause-caller` (who is asking, for fairness; cut at 128 bytes, absent = the shared
      anonymous caller "").
 Out: `x-luftpause-run-id` on every response but the scheduler-unreachable case (where the client
-     gets no response at all while the turn is held), `x-luftpause-replica` once a turn is placed.
+     gets no response at all while the turn is held) and the refusal of a bad run id header itself,
+     `x-luftpause-replica` once a turn is placed.
+
+HTTP servers hand header values over decoded as latin-1, byte for byte; encoding back to latin-1
+recovers the bytes the client sent, which are read as UTF-8. `on_the_wire` is the way back: a run
+id the client sent in UTF-8 is echoed in the same bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ REPLICA = "x-luftpause-replica"
 TRACEPARENT = "traceparent"
 
 CALLER_MAX_BYTES = 128
+RUN_ID_MAX_BYTES = 256
 ANONYMOUS_CALLER = ""
 
 _CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
@@ -44,11 +50,7 @@ def class_name(value: pb.ServiceClass) -> str:
 
 
 def caller(value: str | None) -> str:
-    """The caller, cut to at most 128 bytes of UTF-8 without splitting a character.
-
-    HTTP servers hand header values over decoded as latin-1, byte for byte; encoding back to
-    latin-1 recovers the bytes the client sent, which are read as UTF-8.
-    """
+    """The caller, cut to at most 128 bytes of UTF-8 without splitting a character."""
     if value is None:
         return ANONYMOUS_CALLER
     raw = value.encode("latin-1", errors="replace")
@@ -60,3 +62,36 @@ def caller(value: str | None) -> str:
             end -= 1
         raw = raw[:end]
     return raw.decode("utf-8", errors="replace")
+
+
+def run_id(value: str | None) -> str | None:
+    """The run the request's header names, as text, or None when the header is absent or blank.
+
+    A value longer than 256 bytes, or one that is not UTF-8, is a 400 (BadTurnRequest).
+    """
+    if value is None:
+        return None
+    raw = value.encode("latin-1", errors="replace").strip()
+    return _run_id_of(raw) if raw else None
+
+
+def path_run_id(text: str) -> str:
+    """A run id given in a URL path (already decoded as UTF-8), held to the header's rules."""
+    raw = text.encode("utf-8").strip()
+    if not raw:
+        raise BadTurnRequest("the run id is empty")
+    return _run_id_of(raw)
+
+
+def _run_id_of(raw: bytes) -> str:
+    if len(raw) > RUN_ID_MAX_BYTES:
+        raise BadTurnRequest(f"the run id is {len(raw):,} bytes long; at most {RUN_ID_MAX_BYTES} are allowed")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadTurnRequest(f"{RUN_ID} must be UTF-8 text") from None
+
+
+def on_the_wire(text: str) -> str:
+    """A header value as an ASGI server sends it (latin-1, byte for byte): the UTF-8 bytes of `text`."""
+    return text.encode("utf-8").decode("latin-1")

@@ -37,7 +37,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause.dataplane import headers, priority
+from luftpause.dataplane import headers, limits, priority
 from luftpause.dataplane.engine_client import EngineClient, EngineError, EngineRequest, EngineResponse
 from luftpause.dataplane.errors import (
     BadTurnRequest,
@@ -47,7 +47,7 @@ from luftpause.dataplane.errors import (
     refusal_response,
 )
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.run_identity import PRUNE_PERIOD_S, ToolCallMemory, resolve_run_id
+from luftpause.dataplane.run_identity import PRUNE_PERIOD_S, ToolCallMemory, new_run_id, resolve_run_id
 from luftpause.dataplane.runs import PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.dataplane.sse import ReplyObservation, StreamObserver, observe_completion
@@ -157,17 +157,38 @@ class Proxy:
         self.memory.forget_run(run_id)
         self.scheduler.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def read_request(
+        self, scope: Scope, receive: Receive, send: Send, route: str
+    ) -> tuple[Request, str | None, bytes] | None:
+        """The request, the run its header names (None: none) and its whole body, held to the
+        limits (`limits`, `headers.run_id`); None once it was refused or its client left."""
         request = Request(scope, receive)
         try:
-            body = await request.body()
+            named = headers.run_id(request.headers.get(headers.RUN_ID))
+        except TurnRefused as refusal:
+            # No run id to echo: the one sent is what was wrong.
+            await self.refuse(Answer(scope, receive, send, {}), route, refusal)
+            return None
+        try:
+            body = await limits.read_body(request, self.config.dataplane.max_body_bytes)
         except ClientDisconnect:
+            return None
+        except TurnRefused as refusal:
+            answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(named or new_run_id())})
+            await self.refuse(answer, route, refusal)
+            return None
+        return request, named, body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        read = await self.read_request(scope, receive, send, "chat")
+        if read is None:
             return
+        request, named, body = read
         payload, problem = _read_turn_body(body)
 
         # 1. Resolve the run and read the class and caller.
-        run_id = resolve_run_id(request.headers.get(headers.RUN_ID), payload.get("messages"), self.memory)
-        answer = Answer(scope, receive, send, {headers.RUN_ID: run_id})
+        run_id = resolve_run_id(named, payload.get("messages"), self.memory)
+        answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(run_id)})
         try:
             if problem:
                 raise BadTurnRequest(problem)

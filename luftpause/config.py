@@ -29,6 +29,8 @@ DEFAULT_MODEL = "fake-llama"
 # Turns of ours that may wait in one engine's own queue at once, unless a replica says otherwise
 # (the rule is scheduler/admission.py's).
 LOOKAHEAD = 2
+# The dataplane's default bound on a request body: 16 MiB.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -80,6 +82,8 @@ class DataplaneSettings(_Strict):
     port: int = DATAPLANE_PORT
     # host:port of the scheduler's gRPC server
     scheduler: str = f"127.0.0.1:{SCHEDULER_GRPC_PORT}"
+    # The longest request body taken (413 beyond): room for a long agent context with images.
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024)
 
 
 class McpServer(_Strict):
