@@ -108,7 +108,9 @@ def test_strings_take_variables_from_the_environment(tmp_path: Path, monkeypatch
     assert config.load(f).replicas[0].models == ["qwen2.5:3b"]
 
 
-def test_an_unset_variable_without_default_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unset_variable_without_default_names_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     f = tmp_path / "c.toml"
     f.write_text('[[replicas]]\nname = "pod"\nurl = "https://${LP_TEST_UNSET}.example"\nmodels = ["m"]\n')
     monkeypatch.delenv("LP_TEST_UNSET", raising=False)
