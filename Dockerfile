@@ -25,10 +25,12 @@ RUN /opt/luftpause/bin/pip install --no-cache-dir . && /opt/luftpause/bin/luftpa
 
 FROM python:3.12.8-slim-bookworm
 ARG LUFTPAUSE_VERSION=dev
+# The last label proves to the MCP Registry that this image belongs to server.json's entry.
 LABEL org.opencontainers.image.title="luftpause" \
       org.opencontainers.image.description="Run-aware scheduling between agent harnesses and LLM inference engines" \
       org.opencontainers.image.version="${LUFTPAUSE_VERSION}" \
-      org.opencontainers.image.licenses="BUSL-1.1"
+      org.opencontainers.image.licenses="BUSL-1.1" \
+      io.modelcontextprotocol.server.name="io.github.vmedvedovskiy/luftpause"
 # A fixed uid (USER below names it by number), so that a bind-mounted state directory can be
 # given to it on the host.
 RUN groupadd --system --gid 10001 luftpause \

@@ -7,8 +7,8 @@
 # exactly that image. With DRY_RUN=1 it checks the same things and prints each command instead of
 # running it, so nothing is built, pushed or tagged.
 #
-# It refuses a version that is not vX.Y.Z or differs from pyproject.toml's, a tag that already
-# exists, and (unless DRY_RUN=1, where it only warns) uncommitted changes.
+# It refuses a version that is not vX.Y.Z or differs from pyproject.toml's or server.json's, a tag
+# that already exists, and (unless DRY_RUN=1, where it only warns) uncommitted changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +24,11 @@ image="${registry%/}/luftpause"
 declared=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 if [ "v$declared" != "$version" ]; then
   echo "release: pyproject.toml says version $declared; bump it to ${version#v} and commit first" >&2
+  exit 1
+fi
+listed=$(python3 -c 'import json; print(json.load(open("server.json"))["version"])')
+if [ "v$listed" != "$version" ]; then
+  echo "release: server.json (the MCP Registry entry) says version $listed; update it to ${version#v}" >&2
   exit 1
 fi
 if git rev-parse -q --verify "refs/tags/$version" >/dev/null; then

@@ -44,9 +44,9 @@ def release(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 
 def checkout(directory: Path, env: dict[str, str]) -> Path:
-    """A committed git repository with this checkout's release script and pyproject.toml."""
+    """A committed git repository with this checkout's release script, pyproject.toml and server.json."""
     (directory / "tools").mkdir(parents=True)
-    for name in ("tools/release.sh", "pyproject.toml"):
+    for name in ("tools/release.sh", "pyproject.toml", "server.json"):
         (directory / name).write_bytes((ROOT / name).read_bytes())
     for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "a release"]):
         subprocess.run(["git", *command], cwd=directory, env=env, check=True, timeout=30)
@@ -115,3 +115,12 @@ def test_a_real_run_refuses_uncommitted_changes(fake_docker, tmp_path: Path) -> 
     (clone / "pyproject.toml").write_text((clone / "pyproject.toml").read_text() + "\n# changed\n")
     done = release(clone, env, VERSION)
     assert done.returncode == 1 and "commit or stash" in done.stderr and not docker_log.exists()
+
+
+def test_a_server_json_left_behind_is_refused(fake_docker, tmp_path: Path) -> None:
+    env, docker_log = fake_docker
+    clone = checkout(tmp_path / "clone", env)
+    entry = (clone / "server.json").read_text().replace(f'"version": "{VERSION[1:]}"', '"version": "0.0.9"')
+    (clone / "server.json").write_text(entry)
+    done = release(clone, {**env, "DRY_RUN": "1"}, VERSION)
+    assert done.returncode == 1 and "server.json" in done.stderr and not docker_log.exists()
