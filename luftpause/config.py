@@ -180,11 +180,11 @@ def load(path: str | os.PathLike[str] | None) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
     unset: list[str] = []
-    raw = _expand(raw, "", unset)
+    expanded = _expand(raw, "", unset)
     if unset:
         raise ConfigError(f"{p}: invalid configuration:\n" + "\n".join(unset))
     try:
-        return Config.model_validate(raw)
+        return Config.model_validate(expanded)
     except ValidationError as e:
         problems = []
         for err in e.errors():
