@@ -239,6 +239,20 @@ def stack_problems(stack: dict, shell: dict[str, str], monkeypatch: pytest.Monke
             a = parsed[host]
             if a.name != r.name or a.model not in r.models:
                 problems.append(f"{host}: serves {a.name}/{a.model}, the config says {r.name}/{r.models}")
+        elif host is not None and host not in parsed:
+            # An engine of its own image (SGLang): what the config expects of it must be switched on.
+            command = [str(c) for c in services[host].get("command", [])]
+            wants = {
+                "--enable-metrics": r.metrics == "sglang",
+                "--enable-priority-scheduling": r.engine_priority == "sglang",
+            }
+            for flag, needed in wants.items():
+                if needed and flag not in command:
+                    problems.append(f"{host}: replica {r.name} needs {flag}, which its command lacks")
+            if "--model-path" in command and command[command.index("--model-path") + 1] not in r.models:
+                problems.append(
+                    f"{host}: serves {command[command.index('--model-path') + 1]}, the config says {r.models}"
+                )
         if r.api_key_env:
             for name in ("scheduler", "dataplane"):
                 if r.api_key_env not in _environment(ours[name]):
