@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import uuid
 
 from openai import OpenAI
@@ -43,12 +44,14 @@ def lookup(query: str) -> str:
 
 
 def run_agent(base_url: str, model: str, task: str, caller: str, max_turns: int = 10) -> dict:
-    """Runs one agent to its answer; returns the run id, the replicas per turn and the answer."""
-    client = OpenAI(base_url=base_url, api_key="unused")
+    """Runs one agent to its answer; returns the run id, the replicas per turn, the tools called and the answer."""
+    # The proxy's bearer token when it has one; engines get their own keys, never this one.
+    client = OpenAI(base_url=base_url, api_key=os.environ.get("LUFTPAUSE_TOKEN", "unused"))
     run_id = uuid.uuid4().hex
     headers = {"x-luftpause-run-id": run_id, "x-luftpause-class": "interactive", "x-luftpause-caller": caller}
     messages: list[dict] = [{"role": "user", "content": task}]
     replicas: list[str] = []
+    tools: list[str] = []
     for _ in range(max_turns):
         raw = client.chat.completions.with_raw_response.create(
             model=model, messages=messages, tools=TOOLS, max_tokens=256, extra_headers=headers
@@ -62,9 +65,10 @@ def run_agent(base_url: str, model: str, task: str, caller: str, max_turns: int 
             + (", ".join(c.function.name for c in calls) or "answer")
         )
         if not calls:
-            return {"run_id": run_id, "replicas": replicas, "answer": message.content}
+            return {"run_id": run_id, "replicas": replicas, "tool_calls": tools, "answer": message.content}
         messages.append(message.model_dump(exclude_none=True))
         for call in calls:
+            tools.append(call.function.name)
             args = json.loads(call.function.arguments or "{}")
             messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": lookup(args.get("query", ""))}

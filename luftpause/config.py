@@ -4,6 +4,9 @@ A TOML file (stdlib `tomllib`) validated with pydantic. Every service starts wit
 embedded defaults: two fake engines and the fake MCP tool server on loopback, which is what
 `luftpause up` starts. Secrets never live in the file: the bearer token comes from
 `LUFTPAUSE_TOKEN` and each hosted endpoint's API key from the variable its `api_key_env` names.
+Other values may name a variable as `${NAME}` or `${NAME:-default}` inside a string (a model
+name, a pod's host), so that one file serves a compose recipe whose settings come from the
+shell; an unset variable without a default is an error naming the key.
 
 An invalid file raises `ConfigError`, whose message names the file, the key and what was
 expected, so that a service can print it and exit.
@@ -12,6 +15,7 @@ expected, so that a service can print it and exit.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -140,6 +144,32 @@ class Config(_Strict):
         return next((r for r in self.replicas if r.name == name), None)
 
 
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: object, key: str, problems: list[str]) -> object:
+    """`value` with every `${NAME}` / `${NAME:-default}` in its strings replaced from the environment."""
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{key}.{k}" if key else k, problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{key}.{i}", problems) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        found = os.environ.get(name)
+        if found:
+            return found
+        if default is not None:  # as in a shell or compose: unset or empty takes the default
+            return default
+        if found is None:
+            problems.append(f"  {key}: ${{{name}}} is not set in the environment and has no :-default")
+        return ""
+
+    return _VARIABLE.sub(substitute, value)
+
+
 def load(path: str | os.PathLike[str] | None) -> Config:
     """Reads and validates `path`; with None, returns the embedded defaults."""
     if path is None:
@@ -153,8 +183,12 @@ def load(path: str | os.PathLike[str] | None) -> Config:
         raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    unset: list[str] = []
+    expanded = _expand(raw, "", unset)
+    if unset:
+        raise ConfigError(f"{p}: invalid configuration:\n" + "\n".join(unset))
     try:
-        return Config.model_validate(raw)
+        return Config.model_validate(expanded)
     except ValidationError as e:
         problems = []
         for err in e.errors():

@@ -92,3 +92,28 @@ def test_bad_files_name_file_key_and_problem(tmp_path: Path, text: str, expected
 def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="no such file"):
         config.load(tmp_path / "absent.toml")
+
+
+def test_strings_take_variables_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[[replicas]]\nname = "pod"\nurl = "https://${LP_TEST_POD}-8000.example"\n'
+        'models = ["${LP_TEST_MODEL:-llama3.2:1b}"]\n'
+    )
+    monkeypatch.setenv("LP_TEST_POD", "abc123")
+    monkeypatch.delenv("LP_TEST_MODEL", raising=False)
+    (replica,) = config.load(f).replicas
+    assert replica.url == "https://abc123-8000.example" and replica.models == ["llama3.2:1b"]
+    monkeypatch.setenv("LP_TEST_MODEL", "qwen2.5:3b")
+    assert config.load(f).replicas[0].models == ["qwen2.5:3b"]
+
+
+def test_an_unset_variable_without_default_names_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[[replicas]]\nname = "pod"\nurl = "https://${LP_TEST_UNSET}.example"\nmodels = ["m"]\n')
+    monkeypatch.delenv("LP_TEST_UNSET", raising=False)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(f)
+    assert str(f) in str(e.value) and "replicas.0.url" in str(e.value) and "LP_TEST_UNSET" in str(e.value)
