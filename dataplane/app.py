@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause.dataplane import headers
+from luftpause.dataplane import headers, server
 from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
@@ -123,10 +123,12 @@ def serve(config: lp_config.Config) -> None:
     """Runs the dataplane on config.dataplane.host:port until SIGTERM or SIGINT."""
     settings = config.dataplane
     log.info("dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler)
+    server.raise_fd_limit(settings.max_connections)
     uvicorn.run(
         create_app(config, token_from_env()),
         host=settings.host,
         port=settings.port,
+        http=server.protocol(settings.header_timeout_s, settings.max_connections),
         # The CLI configured logging already; per-request access lines would cost more than the turn.
         log_config=None,
         access_log=False,

@@ -13,8 +13,14 @@ asked to close it. An idle connection the engine closed is noticed by the event 
 taken; one it closes just as a request goes out fails before any byte of a reply, and only
 then is the request sent once more, on a new connection.
 
+An engine that takes a request and then goes quiet is given up on: after the first-byte timeout
+with no reply begun (`EngineTimedOut`), or after the idle timeout with no byte in the middle of
+one (`EngineBrokeOff`). One timer per connection watches for that, re-armed only when it fires
+and finds the engine was heard from meanwhile, so a reply's pieces cost no timer each.
+
 Errors are `EngineError`: `EngineUnreachable` before a reply began (connection refused, connect
-timeout, closed before answering), `EngineBrokeOff` when a reply ends before it is complete.
+timeout, closed before answering, `EngineTimedOut`), `EngineBrokeOff` when a reply ends before it
+is complete.
 
 Why not aiohttp's client (measured 2026-11-30, to be weighed before replacing this one): with
 one session, a TCPConnector without limit, no decompression, no cookie jar, bodies read with
@@ -68,6 +74,10 @@ class EngineBrokeOff(EngineError):
     """The reply began but ended before it was complete."""
 
 
+class EngineTimedOut(EngineUnreachable):
+    """The engine took the request but sent nothing back within the first-byte timeout."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     url: str
@@ -92,10 +102,14 @@ class _Origin:
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection, reading one reply at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_byte_timeout_s: float | None = None, idle_timeout_s: float | None = None) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._loop = asyncio.get_running_loop()
+        # How long an engine may stay silent: before its reply's head, and between its pieces.
+        self._first_byte_s, self._idle_s = first_byte_timeout_s, idle_timeout_s
+        self._last_heard = 0.0
+        self._watch: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -129,6 +143,7 @@ class _Connection(asyncio.Protocol):
             self._fail(EngineBrokeOff("engine sent bytes with no request outstanding"))
             return
         self.got_bytes = True
+        self._last_heard = self._loop.time()
         self._buffer += data
         try:
             self._parse()
@@ -149,6 +164,8 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self._reset()
         self._state = "head"
+        self._last_heard = self._loop.time()
+        self._watch_silence()
         lines = [f"POST {path} HTTP/1.1", f"host: {origin.authority}", f"content-length: {len(request.body)}"]
         lines += [f"{name}: {value}" for name, value in request.headers.items()]
         self.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + request.body)
@@ -181,8 +198,36 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._stop_watching()
         if self.transport is not None:
             self.transport.close()
+
+    # -- silence --
+
+    def _watch_silence(self) -> None:
+        """Arms the check for an engine gone quiet: one timer per silence window, not per piece."""
+        self._stop_watching()
+        limit = self._first_byte_s if self._state == "head" else self._idle_s
+        if limit is not None and self._state not in ("idle", "done"):
+            self._watch = self._loop.call_at(self._last_heard + limit, self._check_silence)
+
+    def _stop_watching(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def _check_silence(self) -> None:
+        self._watch = None
+        if self._state in ("idle", "done"):
+            return
+        limit = self._first_byte_s if self._state == "head" else self._idle_s
+        assert limit is not None
+        if self._loop.time() - self._last_heard < limit:
+            self._watch_silence()  # heard from since the timer was set
+        elif self._state == "head":
+            self._fail(EngineTimedOut(f"engine sent nothing within {limit:g} s of the request"))
+        else:
+            self._fail(EngineBrokeOff(f"engine sent nothing for {limit:g} s in the middle of its reply"))
 
     # -- parsing --
 
@@ -298,6 +343,7 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
         if not self._head.done():
             self._head.set_result((status, headers))
+        self._watch_silence()
 
     def _ended_by_peer(self, exc: Exception | None = None) -> None:
         self.reusable = False
@@ -377,8 +423,17 @@ def tls_context() -> ssl.SSLContext:
 class EngineClient:
     """Engine requests over kept-alive HTTP/1.1 connections, a stack of idle ones per origin."""
 
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        connect_timeout_s: float,
+        first_byte_timeout_s: float | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> None:
+        """`first_byte_timeout_s`: how long an engine may take before its reply begins (for a
+        reply read whole, the whole generation); `idle_timeout_s`: how long a reply may then go
+        without a byte. None: no limit. A request over either fails with an EngineError."""
         self._connect_timeout_s = connect_timeout_s
+        self._new_connection = lambda: _Connection(first_byte_timeout_s, idle_timeout_s)
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -426,7 +481,7 @@ class EngineClient:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 transport, conn = await loop.create_connection(
-                    _Connection,
+                    self._new_connection,
                     origin.host,
                     origin.port,
                     ssl=tls,

@@ -49,6 +49,13 @@ class EngineUnreachable(TurnRefused):
         super().__init__(f"engine {replica}: {describe(error)}")
 
 
+class EngineTooSlow(EngineUnreachable):
+    """The placed turn's engine took the request and sent nothing back within the first-byte
+    timeout (`[dataplane] engine_first_byte_timeout_s`): hung, or stopped."""
+
+    status_code = 504
+
+
 class SchedulerFailed(TurnRefused):
     """The scheduler answered the admission with an error other than being unreachable."""
 

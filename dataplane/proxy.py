@@ -38,10 +38,17 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause.dataplane import headers, limits, priority
-from luftpause.dataplane.engine_client import EngineClient, EngineError, EngineRequest, EngineResponse
+from luftpause.dataplane.engine_client import (
+    EngineClient,
+    EngineError,
+    EngineRequest,
+    EngineResponse,
+    EngineTimedOut,
+)
 from luftpause.dataplane.errors import (
     BadTurnRequest,
     DataplaneStopping,
+    EngineTooSlow,
     EngineUnreachable,
     TurnRefused,
     refusal_response,
@@ -137,7 +144,12 @@ class Proxy:
         self.metrics.watch_scheduler(lambda: self.scheduler.connected)
         # No read timeout on engine requests: a turn takes as long as the engine needs, and
         # admission, not a pool limit, bounds how many go to each engine.
-        self.engines = EngineClient(connect_timeout_s=ENGINE_CONNECT_TIMEOUT_S)
+        settings = config.dataplane
+        self.engines = EngineClient(
+            connect_timeout_s=ENGINE_CONNECT_TIMEOUT_S,
+            first_byte_timeout_s=settings.engine_first_byte_timeout_s or None,
+            idle_timeout_s=settings.engine_idle_timeout_s or None,
+        )
         self._pruner: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -415,8 +427,9 @@ class Proxy:
         self.ended(turn, observation)
 
     async def _engine_unreachable(self, turn: Turn, answer: Answer, error: EngineError) -> None:
-        """The engine could not be reached or broke off before its reply began: a 502."""
-        refusal = EngineUnreachable(turn.replica, error)
+        """The engine could not be reached or broke off before its reply began: a 502; or it
+        never began its reply within the first-byte timeout: a 504."""
+        refusal = (EngineTooSlow if isinstance(error, EngineTimedOut) else EngineUnreachable)(turn.replica, error)
         self.failed(turn, refusal.message)
         await answer.refuse(refusal)
 

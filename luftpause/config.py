@@ -88,6 +88,14 @@ class DataplaneSettings(_Strict):
     scheduler: str = f"127.0.0.1:{SCHEDULER_GRPC_PORT}"
     # The longest request body taken (413 beyond): room for a long agent context with images.
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024)
+    # How long an engine may take to begin its reply (a reply read whole: its whole generation;
+    # a 504 beyond), and then go without sending a byte (the stream is cut). 0: no limit.
+    engine_first_byte_timeout_s: float = Field(default=600.0, ge=0)
+    engine_idle_timeout_s: float = Field(default=300.0, ge=0)
+    # How long a connection may take to send a request's head (a 408 beyond), and how many may
+    # be open at once (a 503 for the next): dataplane/server.py.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    max_connections: int = Field(default=2048, ge=1)
 
 
 class McpServer(_Strict):

@@ -8,6 +8,7 @@ says in its body (which the dataplane passes through unchanged) what the engine 
               "refuse"     at once, the status in "status" with an error body and Retry-After
               "break"      a 200 stream of two chunks, then the connection closed mid-reply
               "hang"       a 200 stream of one chunk, then nothing until the client leaves
+              "silent"     nothing at all, not even a status line, until the client leaves
     "tag":    a name the test finds its request by in the log
 
 `GET /_log` answers every chat request received so far: its tag, path, headers, body and
@@ -117,6 +118,11 @@ class ScriptedEngine:
             if "retry_after" in request:
                 headers.append((b"retry-after", str(request["retry_after"]).encode()))
             await self._send(send, int(request.get("status", 500)), headers, json.dumps(REFUSAL).encode())
+            return
+        if script == "silent":
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            entry["disconnected"] = True
             return
         if not request.get("stream") and script in ("reply", "tool_calls"):
             await self._json(send, 200, _completion(request))
