@@ -11,7 +11,11 @@ import argparse
 import logging
 import sys
 
-from luftpause import __version__, config
+from luftpause import __version__, config, lifeline
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Loggers that write a line per request: at WARNING unless the level is DEBUG.
+QUIET_UNLESS_DEBUG = ("httpx", "httpx2", "httpcore", "uvicorn.access")
 
 
 def _load_config(args: argparse.Namespace) -> config.Config:
@@ -68,7 +72,9 @@ def _up(args: argparse.Namespace) -> None:
     from luftpause.up import up
 
     with_fakes = True if args.with_fakes else None
-    raise SystemExit(up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes))
+    raise SystemExit(
+        up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes, log_level=args.log_level)
+    )
 
 
 def _loadgen(args: argparse.Namespace) -> None:
@@ -110,7 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run-aware scheduling between agent harnesses and LLM inference engines.",
     )
     parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO); below DEBUG, HTTP client lines are left out",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -122,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--state-dir", default=None, help="where the runtime keeps runs.jsonl (default from config)"
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="as before the command: the level of up and of every service it starts",
     )
     p.add_argument(
         "--with-fakes",
@@ -201,9 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    lifeline.watch_parent()
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "DEBUG":
+        # One line per HTTP request (health probes, the prober, loadgen's turns, a sub-agent's
+        # turns and tool calls) drowns everything else; --log-level DEBUG shows them.
+        for name in QUIET_UNLESS_DEBUG:
+            logging.getLogger(name).setLevel(logging.WARNING)
     args.func(args)
 
 

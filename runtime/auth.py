@@ -1,7 +1,9 @@
 """The runtime's bearer token (`LUFTPAUSE_TOKEN`) and the CORS headers of its status document.
 
-With a token, `/mcp` and `GET /status` answer 401 with a JSON error unless the request carries
-`Authorization: Bearer <token>`; the comparison takes constant time. CORS preflights (OPTIONS)
+With a token, `/mcp` and `GET /status` answer 401 unless the request carries
+`Authorization: Bearer <token>`; the comparison takes constant time. On `/mcp` the 401's body is
+a JSON-RPC error, so that an MCP client raises it with its message; on `/status` it is the house
+error body. CORS preflights (OPTIONS)
 pass without the token, since browsers send them without credentials.
 """
 
@@ -12,8 +14,11 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-TOKEN_ENV = "LUFTPAUSE_TOKEN"
+from luftpause.config import TOKEN_ENV
+
 GUARDED_PREFIXES = ("/mcp", "/status")
+# The JSON-RPC error code of a 401 on /mcp (in the range JSON-RPC leaves to servers).
+UNAUTHORIZED = -32001
 
 
 def cors_headers() -> dict[str, str]:
@@ -57,9 +62,13 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         message = "missing bearer token" if not header else "invalid bearer token"
-        body = json.dumps({"error": {"message": f"{message}: send Authorization: Bearer <LUFTPAUSE_TOKEN>"}})
+        error: dict[str, object] = {"message": f"{message}: send Authorization: Bearer <{TOKEN_ENV}>"}
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
         if path == "/status" or path.startswith("/status/"):
             headers.extend((k.encode(), v.encode()) for k, v in cors_headers().items())
+            body = json.dumps({"error": error})
+        else:
+            # A JSON-RPC error, which MCP clients raise as this message instead of a bare 401.
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, **error}})
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body.encode()})

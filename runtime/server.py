@@ -4,7 +4,8 @@
 mcp-session-id) and the sessionless 2026-07-28 protocol. `GET /status` returns the run tree as
 JSON, with permissive CORS headers so that the scheduler's status page can show it. Each spawned
 run is a sub-agent whose loop (agent.py) runs as an asyncio task in this process; every run is
-journaled (journal.py) and restored when the runtime starts again.
+journaled (journal.py) and restored when the runtime starts again; one runtime at a time may use
+a state directory (state_lock.py).
 
 Approvals reach the harness user while an await or run covers the run, if the client advertises
 elicitation: on a legacy session as an elicitation request inside the call, on a sessionless
@@ -39,10 +40,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from luftpause import __version__
-from luftpause.config import Config
+from luftpause.config import TOKEN_ENV, Config
 from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
-from luftpause.runtime.auth import TOKEN_ENV, BearerAuth, cors_headers
+from luftpause.runtime.auth import BearerAuth, cors_headers
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import Dataplane, DecideFailed, decision_of
 from luftpause.runtime.runs import (
@@ -59,6 +60,7 @@ from luftpause.runtime.runs import (
     SpawnRefused,
     UnknownRun,
 )
+from luftpause.runtime.state_lock import StateDirInUse, StateLock
 from luftpause.runtime.tasks import Tasks, TasksExtension
 from luftpause.runtime.tool_servers import ToolServers
 
@@ -112,6 +114,8 @@ class Runtime:
         settings = config.runtime
         self.config = config
         self.state_dir = Path(state_dir or settings.state_dir)
+        # Before anything reads the directory: a second runtime here must not resume these runs.
+        self.state_lock = StateLock(self.state_dir)
         self.journal = Journal(self.state_dir)
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
@@ -131,6 +135,7 @@ class Runtime:
         await self.tool_servers.close()
         await self.dataplane.close()
         self.journal.close()
+        self.state_lock.release()
 
     def spec_from(self, arguments: dict[str, Any]) -> RunSpec:
         """A RunSpec from spawn's (or run's) arguments, with the default model filled in."""
@@ -601,12 +606,11 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
 
 def serve(config: Config, state_dir: str | None = None) -> None:
     """Serves the runtime on config.runtime.host:port until SIGINT or SIGTERM."""
-    app = build_app(config, state_dir)
+    try:
+        app = build_app(config, state_dir)
+    except StateDirInUse as e:
+        raise SystemExit(f"luftpause runtime: {e}") from None
     settings = config.runtime
-    if not log.isEnabledFor(logging.DEBUG):
-        # One line per HTTP request to the dataplane and the tool servers drowns everything else.
-        for name in ("httpx", "httpx2"):
-            logging.getLogger(name).setLevel(logging.WARNING)
     log.info("runtime: MCP at http://%s:%d/mcp, status at /status", settings.host, settings.port)
     server = uvicorn.Server(
         uvicorn.Config(

@@ -225,8 +225,6 @@ async def _ticks(host: SchedulerHost) -> None:
 
 async def _main(config: _config.Config) -> None:
     settings = config.scheduler
-    # The prober makes two requests per replica every probe period; they are not news.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     host = SchedulerHost(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -240,7 +238,9 @@ async def _main(config: _config.Config) -> None:
             f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
         ) from None
 
-    server = grpc.aio.server()
+    # gRPC sets SO_REUSEPORT by default, which lets a second scheduler bind the same port and
+    # take half of the first one's connections; a port in use must be an error instead.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     try:
         bound = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
