@@ -1,7 +1,8 @@
 """The runtime's bearer token (`LUFTPAUSE_TOKEN`) and the CORS headers of its status document.
 
 With a token, `/mcp` and `GET /status` answer 401 unless the request carries
-`Authorization: Bearer <token>`; the comparison takes constant time. On `/mcp` the 401's body is
+`Authorization: Bearer <token>` (or the operator token, `LUFTPAUSE_OPERATOR_TOKEN`, which
+callers.py lets see every run); the comparison takes constant time. On `/mcp` the 401's body is
 a JSON-RPC error, so that an MCP client raises it with its message; on `/status` it is the house
 error body. CORS preflights (OPTIONS)
 pass without the token, since browsers send them without credentials.
@@ -43,9 +44,9 @@ def token_matches(header: str | None, token: str) -> bool:
 class BearerAuth:
     """ASGI middleware: the token on the guarded paths, or 401."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, operator_token: str | None = None) -> None:
         self.app = app
-        self.token = token
+        self.tokens = [token, *([operator_token] if operator_token else [])]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
@@ -58,7 +59,7 @@ class BearerAuth:
         header = next(
             (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None
         )
-        if token_matches(header, self.token):
+        if any(token_matches(header, t) for t in self.tokens):
             await self.app(scope, receive, send)
             return
         message = "missing bearer token" if not header else "invalid bearer token"

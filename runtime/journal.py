@@ -5,10 +5,11 @@ before the step it records is acknowledged (spawn returns its handle, a tool rou
 to the model, cancel returns), so a crash loses at most the step in progress. Every record has
 `v` (format version, 1), `type`, `run` (the run's handle) and `at` (Unix time, seconds):
 
-    {"v":1,"type":"spawned","run":H,"at":T,"spec":{...},"caller":C}
+    {"v":1,"type":"spawned","run":H,"at":T,"spec":{...},"caller":C,"owner":O}
         `spec` holds every spawn argument by its tool name (task, model, serviceClass, system,
         maxToolCalls, tools, maxTokens), with defaults filled in; `caller` is the identity sent
-        to the dataplane as x-luftpause-caller (null: none).
+        to the dataplane as x-luftpause-caller (null: none); `owner` is who may see the run
+        once its caller's session is gone (callers.py; absent in older journals: everyone).
     {"v":1,"type":"round","run":H,"at":T,"messages":[...],"toolCalls":N,"failedToolCalls":N,
      "turns":N,"promptTokens":N,"completionTokens":N}
         One complete tool round: the OpenAI chat messages it appended to the conversation, the
@@ -100,6 +101,7 @@ class ReplayedRun:
     spec: dict[str, Any]
     caller: str | None
     spawned_at: float
+    owner: str | None = None
     rounds: list[list[dict[str, Any]]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=new_counters)
     finished: dict[str, Any] | None = None
@@ -140,8 +142,9 @@ class Journal:
         os.fsync(self._file.fileno())
         return record
 
-    def spawned(self, run: str, spec: dict[str, Any], caller: str | None) -> None:
-        self.append("spawned", run, spec=spec, caller=caller)
+    def spawned(self, run: str, spec: dict[str, Any], caller: str | None, owner: str | None = None) -> None:
+        extra = {"owner": owner} if owner is not None else {}
+        self.append("spawned", run, spec=spec, caller=caller, **extra)
 
     def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, float]) -> None:
         self.append("round", run, messages=messages, **rounded(counters))
@@ -201,6 +204,7 @@ def replay_file(path: Path) -> list[ReplayedRun]:
                 spec=dict(record.get("spec") or {}),
                 caller=record.get("caller"),
                 spawned_at=float(record.get("at") or 0.0),
+                owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
             )
             continue
         run = runs.get(handle)

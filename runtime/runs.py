@@ -129,6 +129,10 @@ class Run:
     approvals: dict[str, Approval] = field(default_factory=dict)
     # Set when this run's budget tripped: the `budget exceeded: ...` message.
     budget_exceeded: str | None = None
+    # Who may see the run once its caller's session is gone (callers.py); None: everyone.
+    owner: str | None = None
+    # Restored from the journal by this process, rather than spawned in it.
+    restored: bool = False
 
     @property
     def running(self) -> bool:
@@ -266,7 +270,7 @@ class Runs:
 
     # -- spawning -------------------------------------------------------------------------------
 
-    def spawn(self, spec: RunSpec, caller: str | None) -> Run:
+    def spawn(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
         """Journals the run, then starts its loop; returns once the journal has it."""
         parent = self.get(spec.parent) if spec.parent is not None else None
         if parent is not None:
@@ -277,9 +281,14 @@ class Runs:
                     "nothing more can be spawned under it"
                 )
         handle = new_handle()
-        self.journal.spawned(handle, spec.model_dump(), caller)
+        self.journal.spawned(handle, spec.model_dump(), caller, owner)
         run = Run(
-            handle=handle, spec=spec, caller=caller, created_at=time.time(), messages=initial_messages(spec)
+            handle=handle,
+            spec=spec,
+            caller=caller,
+            created_at=time.time(),
+            messages=initial_messages(spec),
+            owner=owner,
         )
         self._add(run)
         self._start(run)
@@ -534,6 +543,8 @@ class Runs:
                 pending_turn=replayed.pending_turn,
                 pending_results=list(replayed.pending_results),
                 decisions=dict(replayed.decisions),
+                owner=replayed.owner,
+                restored=True,
             )
             if replayed.finished is not None:
                 status = replayed.finished.get("status")

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
@@ -40,10 +40,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from luftpause import __version__
-from luftpause.config import TOKEN_ENV, Config
+from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
 from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
 from luftpause.runtime.auth import BearerAuth, cors_headers
+from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import Dataplane, DecideFailed, decision_of
 from luftpause.runtime.runs import (
@@ -77,6 +78,10 @@ class SpawnResult(BaseModel):
 class AwaitResult(BaseModel):
     runs: list[RunView] = Field(description="the awaited runs, in the order asked, each as it stands now")
     timedOut: bool = Field(description="true when the timeout passed before the runs were done")
+    needsApproval: list[str] = Field(
+        description="handles of awaited runs waiting for the user's approval (answer with approve); "
+        "await returns early, before the runs are done, only for these"
+    )
 
 
 class RunsResult(BaseModel):
@@ -110,9 +115,16 @@ def parse_approval_key(key: str) -> tuple[str, str] | None:
 class Runtime:
     """The runtime's parts, wired together: journal, runs, sub-agent loop, tool servers, tasks."""
 
-    def __init__(self, config: Config, state_dir: str | None = None, token: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        state_dir: str | None = None,
+        token: str | None = None,
+        operator_token: str | None = None,
+    ) -> None:
         settings = config.runtime
         self.config = config
+        self.operator_token = operator_token
         self.state_dir = Path(state_dir or settings.state_dir)
         # Before anything reads the directory: a second runtime here must not resume these runs.
         self.state_lock = StateLock(self.state_dir)
@@ -143,24 +155,41 @@ class Runtime:
         known.setdefault("model", self.config.runtime.default_model)
         return RunSpec.model_validate(known)
 
-    @staticmethod
-    def caller_from(ctx: Any) -> str | None:
-        """Who spawns: the MCP session when the client has one, else the client's name and version."""
-        request = getattr(ctx, "request", None)
-        headers = getattr(request, "headers", None)
-        session_id = headers.get("mcp-session-id") if headers is not None else None
-        if session_id:
-            return session_id
-        params = ctx.session.client_params
-        info = params.client_info if params is not None else None
-        if info is not None and info.name:
-            return f"{info.name}/{info.version}" if info.version else info.name
-        return None
+    def who(self, ctx: Any) -> Who:
+        """The identity of the request `ctx` belongs to (callers.py)."""
+        return who_of(ctx, self.operator_token)
 
-    async def spawn(self, spec: RunSpec, caller: str | None) -> str:
+    def run_for(self, handle: str, who: Who) -> Run:
+        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`)."""
+        run = self.runs.get(handle)
+        if not who.may_see(run):
+            raise NotYours(handle)
+        return run
+
+    async def spawn(self, spec: RunSpec, who: Who) -> str:
+        if spec.parent is not None:
+            self.run_for(spec.parent, who)
+        await self._check_model(spec.model)
         if spec.tools is not None:
             await self._check_tool_names(spec.tools)
-        return self.runs.spawn(spec, caller).handle
+        return self.runs.spawn(spec, who.caller, who.owner).handle
+
+    async def _check_model(self, model: str) -> None:
+        """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""
+        served = await self.dataplane.models()
+        if served is None:
+            # The dataplane cannot say now (down, restarting): the run's first turn will tell.
+            log.warning(
+                "spawn: cannot list the dataplane's models at %s; not checking %r",
+                self.dataplane.base_url,
+                model,
+            )
+            return
+        if model not in served:
+            raise ToolError(
+                f"unknown model {model!r}: the pool serves {', '.join(repr(m) for m in served) or 'no models'}; "
+                f"name one of them, or omit model for the default ({self.config.runtime.default_model!r})."
+            )
 
     async def _check_tool_names(self, names: list[str]) -> None:
         tools, unavailable = self.tool_servers.catalog()
@@ -238,6 +267,9 @@ class Runtime:
         that cannot be asked gets the runs back as soon as one is AwaitingApproval (with
         `return_on_approval`), so that its model can answer with approve.
         """
+        who = self.who(ctx)
+        for handle in handles:
+            self.run_for(handle, who)
         caps = ctx.client_capabilities
         can_elicit = caps is not None and caps.elicitation is not None
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -253,7 +285,7 @@ class Runtime:
                 dismissed.add(key)
                 continue
             with contextlib.suppress(UnknownRun):
-                self.runs.decide_approval(self.runs.get(target[0]), decision, target[1])
+                self.runs.decide_approval(self.run_for(target[0], who), decision, target[1])
 
         def unasked(run: Run, approval: Approval) -> bool:
             return approval_key(run, approval) not in dismissed
@@ -294,19 +326,6 @@ class Runtime:
                 )
                 if decision is not None:
                     self.runs.decide_approval(run, decision, approval.call_id)
-
-
-def caller_of(ctx: Context) -> str | None:
-    """Who spawns: the MCP session when the client has one, else the client's name and version."""
-    headers = ctx.headers
-    session_id = headers.get("mcp-session-id") if headers is not None else None
-    if session_id:
-        return session_id
-    params = ctx.session.client_params
-    info = params.client_info if params is not None else None
-    if info is not None and info.name:
-        return f"{info.name}/{info.version}" if info.version else info.name
-    return None
 
 
 def request_state(ctx: Context) -> dict[str, Any]:
@@ -353,9 +372,43 @@ ApproveToolsArg = Annotated[
 ]
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def readable_arguments_error(tool: str, error: ValidationError) -> str:
+    """One sentence saying which arguments of `tool` were wrong and what each should be."""
+    problems = []
+    for err in error.errors():
+        name = ".".join(str(part) for part in err["loc"]) or "arguments"
+        got = err.get("input")
+        if err["type"] == "missing":
+            problems.append(f"{name} is required")
+        elif err["type"] == "literal_error":
+            problems.append(f"{name} must be {err['ctx']['expected']}, not {_shown(got)}")
+        else:
+            message = err["msg"][0].lower() + err["msg"][1:]
+            problems.append(f"{name} {message.removeprefix('input ')}, not {_shown(got)}")
+    return f"{tool}: " + "; ".join(problems) + "."
+
+
+class RuntimeMCP(MCPServer):
+    """The SDK's server, with arguments that fail the tool's schema refused in one sentence (the
+    SDK's own message is pydantic's, with a URL per error) instead of a validation dump."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if isinstance(e.__cause__, ValidationError) and not isinstance(e, UnexpectedToolError):
+                raise ToolError(readable_arguments_error(name, e.__cause__)) from None
+            raise
+
+
 def build_mcp(runtime: Runtime) -> MCPServer:
     """The MCP server with the runtime's tools, and the Tasks extension."""
-    mcp = MCPServer(
+    mcp = RuntimeMCP(
         "luftpause",
         version=__version__,
         instructions=(
@@ -378,11 +431,11 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         try:
             return runtime.spec_from(arguments)
         except ValidationError as e:
-            raise ToolError(str(e)) from None
+            raise ToolError(readable_arguments_error("spawn", e)) from None
 
     async def spawn_checked(spec: RunSpec, ctx: Context) -> str:
         try:
-            return await runtime.spawn(spec, caller_of(ctx))
+            return await runtime.spawn(spec, runtime.who(ctx))
         except (UnknownRun, SpawnRefused) as e:
             raise ToolError(str(e)) from None
 
@@ -425,8 +478,9 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         status, result, error, toolCalls, failedToolCalls and turns, and whether it timed out.
 
         Runs still running after a timeout keep going: await them again. A run whose tool call
-        needs the user's approval shows as AwaitingApproval: the user may be asked here, or
-        answer it with approve.
+        needs the user's approval shows as AwaitingApproval: the user may be asked here, or,
+        when they cannot be, await returns at once with the run in needsApproval: answer it
+        with approve, then await again.
         """
         try:
             outcome = await runtime.await_runs(ctx, handles, mode, timeout, request_state(ctx))
@@ -435,7 +489,11 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         if isinstance(outcome, InputRequiredResult):
             return outcome
         runs, timed_out = outcome
-        return AwaitResult(runs=[r.view() for r in runs], timedOut=timed_out)
+        return AwaitResult(
+            runs=[r.view() for r in runs],
+            timedOut=timed_out,
+            needsApproval=[r.handle for r in runs if r.running and r.approvals],
+        )
 
     @tool()
     async def run(
@@ -482,21 +540,28 @@ def build_mcp(runtime: Runtime) -> MCPServer:
 
     @tool()
     async def status(
-        handle: Annotated[str | None, Field(description="one run's handle; omit for every run")] = None,
+        ctx: Context,
+        handle: Annotated[str | None, Field(description="one run's handle; omit for all of yours")] = None,
     ) -> RunsResult:
         """Return runs as they stand now, without waiting: one run (with its parent and children),
-        or every run this runtime knows."""
+        or every run you spawned."""
+        who = runtime.who(ctx)
         try:
-            runs = [runtime.runs.get(handle)] if handle is not None else list(runtime.runs)
+            runs = (
+                [runtime.run_for(handle, who)]
+                if handle is not None
+                else [r for r in runtime.runs if who.may_see(r)]
+            )
         except UnknownRun as e:
             raise ToolError(str(e)) from None
         return RunsResult(runs=[r.view() for r in runs])
 
     @tool()
-    async def cancel(handle: Annotated[str, Field(description="the run to cancel")]) -> RunView:
+    async def cancel(handle: Annotated[str, Field(description="the run to cancel")], ctx: Context) -> RunView:
         """Cancel a running run and every run under it, and return it; its status becomes cancelled.
         A run already done is returned unchanged."""
         try:
+            runtime.run_for(handle, runtime.who(ctx))
             run = await runtime.runs.cancel(handle)
         except UnknownRun as e:
             raise ToolError(str(e)) from None
@@ -506,11 +571,12 @@ def build_mcp(runtime: Runtime) -> MCPServer:
     async def approve(
         handle: Annotated[str, Field(description="a run whose status is AwaitingApproval")],
         allow: Annotated[bool, Field(description="true to let the tool call run, false to decline it")],
+        ctx: Context,
     ) -> RunView:
         """Answer a run's tool call that waits for approval (status AwaitingApproval, see
         pendingApproval): allow it, or decline it (the sub-agent is told the user declined)."""
         try:
-            run = runtime.runs.get(handle)
+            run = runtime.run_for(handle, runtime.who(ctx))
         except UnknownRun as e:
             raise ToolError(str(e)) from None
         if runtime.runs.decide_approval(run, allow) is None:
@@ -556,9 +622,7 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         if labels is not None:
             body["labels"] = labels
         headers = {"x-luftpause-class": "interactive"}
-        caller = caller_of(ctx)
-        if caller:
-            headers["x-luftpause-caller"] = caller_header(caller)
+        headers["x-luftpause-caller"] = caller_header(runtime.who(ctx).caller)
         try:
             return decision_of(await runtime.dataplane.decide(body, headers))
         except DecideFailed as e:
@@ -583,11 +647,12 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
         token = os.environ.get(TOKEN_ENV) or None
     if token is None:
         log.warning("runtime: %s is not set: /mcp and /status accept everyone", TOKEN_ENV)
-    runtime = Runtime(config, state_dir, token=token)
+    operator_token = os.environ.get(OPERATOR_TOKEN_ENV) or None
+    runtime = Runtime(config, state_dir, token=token, operator_token=operator_token)
     mcp = build_mcp(runtime)
     app = mcp.streamable_http_app(host=config.runtime.host)
     if token is not None:
-        app.add_middleware(BearerAuth, token=token)
+        app.add_middleware(BearerAuth, token=token, operator_token=operator_token)
     session_manager_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

@@ -289,7 +289,7 @@ class TasksExtension(Extension):
             return await call_next(ctx)
         try:
             spec = self.runtime.spec_from(dict(params.arguments or {}))
-            handle = await self.runtime.spawn(spec, self.runtime.caller_from(ctx))
+            handle = await self.runtime.spawn(spec, self.runtime.who(ctx))
         except (ValidationError, SpawnRefused, UnknownRun, ToolError, ValueError) as e:
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
         task = self.tasks.create(self.runtime.runs.get(handle))
