@@ -46,6 +46,7 @@ from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs
 from luftpause.runtime.auth import BearerAuth, cors_headers
 from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
+from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane, DecideFailed, decision_of
 from luftpause.runtime.runs import (
     DEFAULT_AWAIT_TIMEOUT_S,
@@ -128,12 +129,13 @@ class Runtime:
         self.state_dir = Path(state_dir or settings.state_dir)
         # Before anything reads the directory: a second runtime here must not resume these runs.
         self.state_lock = StateLock(self.state_dir)
-        self.journal = Journal(self.state_dir)
+        self.writer = JsonlWriter()
+        self.journal = Journal(self.state_dir, self.writer)
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model)
         self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run)
-        self.tasks = Tasks(self.state_dir, self.runs)
+        self.tasks = Tasks(self.state_dir, self.runs, self.writer)
 
     async def start(self) -> None:
         self.tool_servers.start()
@@ -147,6 +149,7 @@ class Runtime:
         await self.tool_servers.close()
         await self.dataplane.close()
         self.journal.close()
+        self.writer.close()
         self.state_lock.release()
 
     def spec_from(self, arguments: dict[str, Any]) -> RunSpec:
@@ -172,7 +175,9 @@ class Runtime:
         await self._check_model(spec.model)
         if spec.tools is not None:
             await self._check_tool_names(spec.tools)
-        return self.runs.spawn(spec, who.caller, who.owner).handle
+        handle = self.runs.spawn(spec, who.caller, who.owner).handle
+        await self.journal.durable()
+        return handle
 
     async def _check_model(self, model: str) -> None:
         """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""
@@ -436,7 +441,7 @@ def build_mcp(runtime: Runtime) -> MCPServer:
     async def spawn_checked(spec: RunSpec, ctx: Context) -> str:
         try:
             return await runtime.spawn(spec, runtime.who(ctx))
-        except (UnknownRun, SpawnRefused) as e:
+        except (UnknownRun, SpawnRefused, JournalError) as e:
             raise ToolError(str(e)) from None
 
     @tool()
@@ -484,7 +489,9 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         """
         try:
             outcome = await runtime.await_runs(ctx, handles, mode, timeout, request_state(ctx))
-        except UnknownRun as e:
+            # What it reports (an end, a decision) is on disk before the client hears of it.
+            await runtime.journal.durable()
+        except (UnknownRun, JournalError) as e:
             raise ToolError(str(e)) from None
         if isinstance(outcome, InputRequiredResult):
             return outcome
@@ -563,7 +570,7 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         try:
             runtime.run_for(handle, runtime.who(ctx))
             run = await runtime.runs.cancel(handle)
-        except UnknownRun as e:
+        except (UnknownRun, JournalError) as e:
             raise ToolError(str(e)) from None
         return run.view()
 
@@ -579,7 +586,12 @@ def build_mcp(runtime: Runtime) -> MCPServer:
             run = runtime.run_for(handle, runtime.who(ctx))
         except UnknownRun as e:
             raise ToolError(str(e)) from None
-        if runtime.runs.decide_approval(run, allow) is None:
+        try:
+            decided = runtime.runs.decide_approval(run, allow)
+            await runtime.journal.durable()
+        except JournalError as e:
+            raise ToolError(str(e)) from None
+        if decided is None:
             raise ToolError(
                 f"run {handle} has no tool call waiting for approval (status {run.shown_status()})"
             )
