@@ -43,6 +43,7 @@ from luftpause import __version__
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
 from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
+from luftpause.runtime.arguments import readable_arguments_error
 from luftpause.runtime.auth import BearerAuth, cors_headers
 from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
@@ -375,27 +376,6 @@ BudgetSecondsArg = Annotated[
 ApproveToolsArg = Annotated[
     list[str] | None, Field(description="tools whose every call waits for the user's approval")
 ]
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def readable_arguments_error(tool: str, error: ValidationError) -> str:
-    """One sentence saying which arguments of `tool` were wrong and what each should be."""
-    problems = []
-    for err in error.errors():
-        name = ".".join(str(part) for part in err["loc"]) or "arguments"
-        got = err.get("input")
-        if err["type"] == "missing":
-            problems.append(f"{name} is required")
-        elif err["type"] == "literal_error":
-            problems.append(f"{name} must be {err['ctx']['expected']}, not {_shown(got)}")
-        else:
-            message = err["msg"][0].lower() + err["msg"][1:]
-            problems.append(f"{name} {message.removeprefix('input ')}, not {_shown(got)}")
-    return f"{tool}: " + "; ".join(problems) + "."
 
 
 class RuntimeMCP(MCPServer):

@@ -41,6 +41,7 @@ from mcp_types import CallToolRequestParams, CallToolResult, RequestParams, Text
 from pydantic import ConfigDict, ValidationError
 
 from luftpause.runtime.approvals import ApprovalForm, answer_of
+from luftpause.runtime.arguments import readable_arguments_error
 from luftpause.runtime.journal import read_records
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.runs import Run, Runs, SpawnRefused, UnknownRun
@@ -288,7 +289,11 @@ class TasksExtension(Extension):
         try:
             spec = self.runtime.spec_from(dict(params.arguments or {}))
             handle = await self.runtime.spawn(spec, self.runtime.who(ctx))
-        except (ValidationError, SpawnRefused, UnknownRun, ToolError, ValueError) as e:
+        except ValidationError as e:
+            return CallToolResult(
+                content=[TextContent(type="text", text=readable_arguments_error("run", e))], is_error=True
+            )
+        except (SpawnRefused, UnknownRun, ToolError, ValueError, JournalError) as e:
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
         try:
             task = self.tasks.create(self.runtime.runs.get(handle))

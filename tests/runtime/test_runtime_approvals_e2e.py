@@ -319,6 +319,21 @@ async def test_a_tasks_client_can_cancel_and_others_get_run_as_one_call(runtime)
     assert run["status"] == "finished" and run["toolCalls"] == 1
 
 
+async def test_a_tasks_client_is_refused_bad_arguments_and_unknown_models_in_one_sentence(runtime):
+    async with Client(runtime.url, extensions=[TasksClient()]) as client:
+        bad_class = await client.session.call_tool(
+            "run", {"task": "hello", "serviceClass": "urgent"}, allow_claimed=True
+        )
+        assert bad_class.is_error
+        assert (
+            bad_class.content[0].text == "run: serviceClass must be 'interactive' or 'batch', not 'urgent'."
+        )
+        unknown = await client.session.call_tool(
+            "run", {"task": "hello", "model": "gpt-nope"}, allow_claimed=True
+        )
+        assert unknown.is_error and unknown.content[0].text.startswith("unknown model 'gpt-nope'")
+
+
 async def test_an_open_task_is_failed_on_restart_while_its_run_resumes(tmp_path, backends):  # noqa: F811
     rt = RuntimeUnderTest(tmp_path, backends).start()
     try:
