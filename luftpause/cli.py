@@ -8,14 +8,9 @@ runs, so `luftpause --help` stays fast and a broken optional piece cannot stop t
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
-from luftpause import __version__, config, lifeline
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-# Loggers that write a line per request: at WARNING unless the level is DEBUG.
-QUIET_UNLESS_DEBUG = ("httpx", "httpx2", "httpcore", "uvicorn.access")
+from luftpause import __version__, config, lifeline, logs
 
 
 def _load_config(args: argparse.Namespace) -> config.Config:
@@ -119,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         type=str.upper,
-        choices=LOG_LEVELS,
+        choices=logs.LEVELS,
         default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default INFO); below DEBUG, HTTP client lines are left out",
     )
@@ -138,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level",
         type=str.upper,
-        choices=LOG_LEVELS,
+        choices=logs.LEVELS,
         default=argparse.SUPPRESS,
         help="as before the command: the level of up and of every service it starts",
     )
@@ -221,12 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     lifeline.watch_parent()
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "DEBUG":
-        # One line per HTTP request (health probes, the prober, loadgen's turns, a sub-agent's
-        # turns and tool calls) drowns everything else; --log-level DEBUG shows them.
-        for name in QUIET_UNLESS_DEBUG:
-            logging.getLogger(name).setLevel(logging.WARNING)
+    logs.configure(args.log_level)
     args.func(args)
 
 

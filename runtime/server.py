@@ -39,7 +39,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from luftpause import __version__
+from luftpause import __version__, logs
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
 from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
@@ -675,7 +675,7 @@ def serve(config: Config, state_dir: str | None = None) -> None:
             host=settings.host,
             port=settings.port,
             log_config=None,
-            access_log=False,
+            access_log=logs.access_log(),
             # An await may hold its request open for minutes; do not wait for it on shutdown.
             timeout_graceful_shutdown=3,
         )

@@ -17,7 +17,10 @@ import httpx
 import pytest
 from support import (
     Ports,
+    Service,
+    free_port,
     group_alive,
+    running,
     start_up,
     started_children,
     stop_up,
@@ -53,6 +56,29 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+    # The log: every service's lines behind its name, and no line per health probe or request.
+    out = log.read_text()
+    names = ("fake-a", "fake-b", "fake-mcp", "scheduler", "dataplane", "runtime")
+    uvicorn_lines = [line for line in out.splitlines() if "uvicorn.error" in line]
+    assert uvicorn_lines and all(re.match(rf"({'|'.join(names)}) +\| ", line) for line in uvicorn_lines)
+    assert "HTTP Request:" not in out and 'HTTP/1.1" 200' not in out
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_request_lines_are_logged_only_at_debug(tmp_path: Path, level: str) -> None:
+    port = free_port()
+    engine = Service(
+        "fake-engine", ["--log-level", level, "fake-engine", "--port", str(port)], tmp_path / "engine.log"
+    )
+    with running(engine.start()):
+        engine.wait_http(f"http://127.0.0.1:{port}/health")
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200
+        access = '"GET /v1/models HTTP/1.1" 200'
+        if level == "DEBUG":
+            wait_until(lambda: access in engine.output(), 10, what="the access line")
+        else:
+            # uvicorn writes an access line before the reply's first byte: it would be there by now.
+            assert "Uvicorn running" in engine.output() and access not in engine.output()
 
 
 def test_a_second_up_is_refused_naming_the_busy_port_and_leaves_the_first_alone(tmp_path: Path) -> None:
