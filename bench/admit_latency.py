@@ -34,7 +34,7 @@ import grpc
 import httpx
 
 from luftpause.bench import results
-from luftpause.dataplane.auth import TOKEN_ENV
+from luftpause.config import TOKEN_ENV
 from luftpause.proto import pb, rpc
 
 MODEL = "bench-model"

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
+from luftpause import logs
 from luftpause.dataplane import headers, server
 from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
 from luftpause.dataplane.decide import Decide
@@ -129,8 +130,9 @@ def serve(config: lp_config.Config) -> None:
         host=settings.host,
         port=settings.port,
         http=server.protocol(settings.header_timeout_s, settings.max_connections),
-        # The CLI configured logging already; per-request access lines would cost more than the turn.
+        # The CLI configured logging already; per-request access lines cost more than the turn, so
+        # they are written only at DEBUG (luftpause/logs.py).
         log_config=None,
-        access_log=False,
+        access_log=logs.access_log(),
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )

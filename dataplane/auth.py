@@ -16,9 +16,10 @@ import os
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from luftpause.config import TOKEN_ENV
+
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "LUFTPAUSE_TOKEN"
 _SCHEME = b"bearer "
 _UNAUTHORIZED = json.dumps(
     {"error": {"message": f"missing or wrong bearer token (see {TOKEN_ENV})"}}

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive
 
+from luftpause import logs
 from luftpause.config import DEFAULT_MODEL
 from luftpause.fake_engine import classify, metrics
 from luftpause.fake_engine.engine import EngineRequest
@@ -318,4 +319,6 @@ def serve(
         app.state.engine.params,
     )
     # Streams last a fraction of a second, so a short grace period lets them finish on shutdown.
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=3)
+    uvicorn.run(
+        app, host=host, port=port, log_config=None, access_log=logs.access_log(), timeout_graceful_shutdown=3
+    )

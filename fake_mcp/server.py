@@ -23,6 +23,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from luftpause import logs
+
 log = logging.getLogger(__name__)
 
 LOOKUP_DELAY_S = (0.8, 1.2)
@@ -125,4 +127,6 @@ def serve(host: str, port: int, fixed_latency_s: float | None = None) -> None:
     app = create_app(host)
     log.info("fake MCP server on http://%s:%d/mcp (tools: lookup, deep_search)", host, port)
     # Legacy sessions keep a GET stream open; a short grace period stops shutdown waiting on it.
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.run(
+        app, host=host, port=port, log_config=None, access_log=logs.access_log(), timeout_graceful_shutdown=2
+    )

@@ -8,10 +8,9 @@ runs, so `luftpause --help` stays fast and a broken optional piece cannot stop t
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
-from luftpause import __version__, config
+from luftpause import __version__, config, lifeline, logs
 
 
 def _load_config(args: argparse.Namespace) -> config.Config:
@@ -68,7 +67,9 @@ def _up(args: argparse.Namespace) -> None:
     from luftpause.up import up
 
     with_fakes = True if args.with_fakes else None
-    raise SystemExit(up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes))
+    raise SystemExit(
+        up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes, log_level=args.log_level)
+    )
 
 
 def _loadgen(args: argparse.Namespace) -> None:
@@ -110,7 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run-aware scheduling between agent harnesses and LLM inference engines.",
     )
     parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=logs.LEVELS,
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO); below DEBUG, HTTP client lines are left out",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -122,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--state-dir", default=None, help="where the runtime keeps runs.jsonl (default from config)"
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=logs.LEVELS,
+        default=argparse.SUPPRESS,
+        help="as before the command: the level of up and of every service it starts",
     )
     p.add_argument(
         "--with-fakes",
@@ -201,9 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    lifeline.watch_parent()
+    logs.configure(args.log_level)
     args.func(args)
 
 

@@ -30,6 +30,10 @@ RUNTIME_PORT = 7000
 FAKE_ENGINE_PORTS = (9001, 9002)
 FAKE_MCP_PORT = 9100
 DEFAULT_MODEL = "fake-llama"
+# The bearer token of the dataplane's /v1 routes and the runtime's /mcp and /status.
+TOKEN_ENV = "LUFTPAUSE_TOKEN"
+# A second bearer the runtime accepts, whose MCP requests see and may cancel every run.
+OPERATOR_TOKEN_ENV = "LUFTPAUSE_OPERATOR_TOKEN"
 # Turns of ours that may wait in one engine's own queue at once, unless a replica says otherwise
 # (the rule is scheduler/admission.py's).
 LOOKAHEAD = 2

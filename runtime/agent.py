@@ -129,6 +129,7 @@ class Agent:
                 "tool_calls": [c.as_message_part() for c in calls],
             }
             runs.record_turn(run, assistant)
+            await runs.journal.durable()  # on disk before any of its calls runs
             await self.tool_round(runs, run, assistant, offered)
 
     async def tool_round(
@@ -155,6 +156,7 @@ class Agent:
             return
         ordered = [answered[c.id] for c in calls_in(assistant) if c.id in answered]
         runs.record_round(run, [assistant, *ordered])
+        await runs.journal.durable()  # on disk before its results go to the model
 
     def request_body(self, run: Run, offered: dict[str, UpstreamTool]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": run.spec.model or self.default_model, "messages": run.messages}

@@ -1,7 +1,10 @@
 """The runtime's bearer token (`LUFTPAUSE_TOKEN`) and the CORS headers of its status document.
 
-With a token, `/mcp` and `GET /status` answer 401 with a JSON error unless the request carries
-`Authorization: Bearer <token>`; the comparison takes constant time. CORS preflights (OPTIONS)
+With a token, `/mcp` and `GET /status` answer 401 unless the request carries
+`Authorization: Bearer <token>` (or the operator token, `LUFTPAUSE_OPERATOR_TOKEN`, which
+callers.py lets see every run); the comparison takes constant time. On `/mcp` the 401's body is
+a JSON-RPC error, so that an MCP client raises it with its message; on `/status` it is the house
+error body. CORS preflights (OPTIONS)
 pass without the token, since browsers send them without credentials.
 """
 
@@ -12,8 +15,11 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-TOKEN_ENV = "LUFTPAUSE_TOKEN"
+from luftpause.config import TOKEN_ENV
+
 GUARDED_PREFIXES = ("/mcp", "/status")
+# The JSON-RPC error code of a 401 on /mcp (in the range JSON-RPC leaves to servers).
+UNAUTHORIZED = -32001
 
 
 def cors_headers() -> dict[str, str]:
@@ -38,9 +44,9 @@ def token_matches(header: str | None, token: str) -> bool:
 class BearerAuth:
     """ASGI middleware: the token on the guarded paths, or 401."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, operator_token: str | None = None) -> None:
         self.app = app
-        self.token = token
+        self.tokens = [token, *([operator_token] if operator_token else [])]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
@@ -53,13 +59,17 @@ class BearerAuth:
         header = next(
             (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None
         )
-        if token_matches(header, self.token):
+        if any(token_matches(header, t) for t in self.tokens):
             await self.app(scope, receive, send)
             return
         message = "missing bearer token" if not header else "invalid bearer token"
-        body = json.dumps({"error": {"message": f"{message}: send Authorization: Bearer <LUFTPAUSE_TOKEN>"}})
+        error: dict[str, object] = {"message": f"{message}: send Authorization: Bearer <{TOKEN_ENV}>"}
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
         if path == "/status" or path.startswith("/status/"):
             headers.extend((k.encode(), v.encode()) for k, v in cors_headers().items())
+            body = json.dumps({"error": error})
+        else:
+            # A JSON-RPC error, which MCP clients raise as this message instead of a bare 401.
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, **error}})
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body.encode()})

@@ -1,14 +1,17 @@
 """The run journal: `runs.jsonl`, the only state the runtime keeps between restarts.
 
-One JSON object per line, appended, never rewritten. Each record is written, flushed and fsynced
-before the step it records is acknowledged (spawn returns its handle, a tool round's results go
-to the model, cancel returns), so a crash loses at most the step in progress. Every record has
+One JSON object per line, appended, never rewritten. Records are written off the event loop by
+the writer shared with tasks.jsonl (journal_writer.py: in order, with group commit), and each
+step waits until its record is fsynced (`durable`) before it is acknowledged (spawn returns its
+handle, a tool round's results go to the model, await and cancel answer), so a crash loses at
+most the step in progress, and a disk that cannot keep up is an error the client sees. Every record has
 `v` (format version, 1), `type`, `run` (the run's handle) and `at` (Unix time, seconds):
 
-    {"v":1,"type":"spawned","run":H,"at":T,"spec":{...},"caller":C}
+    {"v":1,"type":"spawned","run":H,"at":T,"spec":{...},"caller":C,"owner":O}
         `spec` holds every spawn argument by its tool name (task, model, serviceClass, system,
         maxToolCalls, tools, maxTokens), with defaults filled in; `caller` is the identity sent
-        to the dataplane as x-luftpause-caller (null: none).
+        to the dataplane as x-luftpause-caller (null: none); `owner` is who may see the run
+        once its caller's session is gone (callers.py; absent in older journals: everyone).
     {"v":1,"type":"round","run":H,"at":T,"messages":[...],"toolCalls":N,"failedToolCalls":N,
      "turns":N,"promptTokens":N,"completionTokens":N}
         One complete tool round: the OpenAI chat messages it appended to the conversation, the
@@ -52,6 +55,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from luftpause.runtime.journal_writer import JsonlWriter
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,7 @@ class ReplayedRun:
     spec: dict[str, Any]
     caller: str | None
     spawned_at: float
+    owner: str | None = None
     rounds: list[list[dict[str, Any]]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=new_counters)
     finished: dict[str, Any] | None = None
@@ -111,37 +117,29 @@ class ReplayedRun:
 
 
 class Journal:
-    """Appends records to `<state_dir>/runs.jsonl` durably, and replays them."""
+    """Appends records to `<state_dir>/runs.jsonl` through the shared writer, and replays them."""
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], writer: JsonlWriter | None = None) -> None:
         self.path = Path(state_dir) / FILE_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._terminate_torn_tail()
-        self._file = self.path.open("a", encoding="utf-8")
-
-    def _terminate_torn_tail(self) -> None:
-        # A crash mid-write leaves a last line without its newline; the next record must start on
-        # a line of its own or it would be torn too. The fragment stays for anyone inspecting the
-        # file and is skipped on every replay.
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            return
-        with self.path.open("rb+") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-                f.flush()
-                os.fsync(f.fileno())
+        self._own_writer = writer is None
+        self.writer = writer or JsonlWriter()
+        # A torn last line (a crash mid-write) is ended first: the fragment stays for anyone
+        # inspecting the file and is skipped on every replay.
+        self.writer.open(self.path)
 
     def append(self, record_type: str, run: str, **fields: Any) -> dict[str, Any]:
-        """Writes one record and returns only once it is on disk."""
+        """Queues one record, in order; `durable` says when it is on disk."""
         record = {"v": FORMAT_VERSION, "type": record_type, "run": run, "at": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self.writer.append(self.path, record)
         return record
 
-    def spawned(self, run: str, spec: dict[str, Any], caller: str | None) -> None:
-        self.append("spawned", run, spec=spec, caller=caller)
+    async def durable(self) -> None:
+        """Returns once every record so far is on disk; `JournalError` if it cannot be."""
+        await self.writer.durable()
+
+    def spawned(self, run: str, spec: dict[str, Any], caller: str | None, owner: str | None = None) -> None:
+        extra = {"owner": owner} if owner is not None else {}
+        self.append("spawned", run, spec=spec, caller=caller, **extra)
 
     def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, float]) -> None:
         self.append("round", run, messages=messages, **rounded(counters))
@@ -161,10 +159,13 @@ class Journal:
         self.append("finished", run, status=status, result=result, error=error, **rounded(counters))
 
     def close(self) -> None:
-        self._file.close()
+        self.writer.close_file(self.path)
+        if self._own_writer:
+            self.writer.close()
 
     def replay(self) -> list[ReplayedRun]:
         """Every run the journal knows, in spawn order."""
+        self.writer.flush()
         return replay_file(self.path)
 
 
@@ -201,6 +202,7 @@ def replay_file(path: Path) -> list[ReplayedRun]:
                 spec=dict(record.get("spec") or {}),
                 caller=record.get("caller"),
                 spawned_at=float(record.get("at") or 0.0),
+                owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
             )
             continue
         run = runs.get(handle)

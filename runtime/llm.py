@@ -4,7 +4,7 @@ Turns go to `<dataplane>/v1/chat/completions`, not streamed, with the run's iden
 luftpause headers so that the scheduler sees every sub-agent turn as a turn of its run. A 429
 (a hosted API's rate limit, passed through) is retried after its Retry-After, else after 1 s,
 for as long as the run lives; any other failure ends the turn with `TurnFailed`. `decide` is one
-`POST /v1/decide`. With a token (`LUFTPAUSE_TOKEN`) every request carries it as a bearer.
+`POST /v1/decide`; `models` asks `GET /v1/models` which models spawn may name. With a token (`LUFTPAUSE_TOKEN`) every request carries it as a bearer.
 """
 
 from __future__ import annotations
@@ -97,6 +97,17 @@ class Dataplane:
         if not isinstance(answer, dict):
             raise DecideFailed("the dataplane's answer to decide is not a JSON object")
         return answer
+
+    async def models(self) -> list[str] | None:
+        """The models the dataplane serves (`GET /v1/models`), or None when it cannot say now."""
+        try:
+            response = await self._http.get(f"{self.base_url}/v1/models", timeout=10.0)
+            data = response.json()["data"] if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(data, list):
+            return None
+        return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     async def end_run(self, handle: str) -> None:
         """Tells the dataplane the run is over, so the scheduler forgets it now; failures are logged."""

@@ -14,6 +14,7 @@ A run whose tool call waits for the user's approval shows as AwaitingApproval (s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import BUDGET_KINDS, BudgetView, exceeded_message, subtree_used
 from luftpause.runtime.journal import Journal, new_counters
+from luftpause.runtime.journal_writer import JournalError
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,10 @@ class Run:
     approvals: dict[str, Approval] = field(default_factory=dict)
     # Set when this run's budget tripped: the `budget exceeded: ...` message.
     budget_exceeded: str | None = None
+    # Who may see the run once its caller's session is gone (callers.py); None: everyone.
+    owner: str | None = None
+    # Restored from the journal by this process, rather than spawned in it.
+    restored: bool = False
 
     @property
     def running(self) -> bool:
@@ -266,7 +272,7 @@ class Runs:
 
     # -- spawning -------------------------------------------------------------------------------
 
-    def spawn(self, spec: RunSpec, caller: str | None) -> Run:
+    def spawn(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
         """Journals the run, then starts its loop; returns once the journal has it."""
         parent = self.get(spec.parent) if spec.parent is not None else None
         if parent is not None:
@@ -277,9 +283,14 @@ class Runs:
                     "nothing more can be spawned under it"
                 )
         handle = new_handle()
-        self.journal.spawned(handle, spec.model_dump(), caller)
+        self.journal.spawned(handle, spec.model_dump(), caller, owner)
         run = Run(
-            handle=handle, spec=spec, caller=caller, created_at=time.time(), messages=initial_messages(spec)
+            handle=handle,
+            spec=spec,
+            caller=caller,
+            created_at=time.time(),
+            messages=initial_messages(spec),
+            owner=owner,
         )
         self._add(run)
         self._start(run)
@@ -343,7 +354,12 @@ class Runs:
         """Ends the run once (journal first, then waiters); False when it had already ended."""
         if not run.running:
             return False
-        self.journal.finished(run.handle, status, result, error, dict(run.counters))
+        try:
+            self.journal.finished(run.handle, status, result, error, dict(run.counters))
+        except JournalError as e:
+            # Its end cannot be journaled: it ends here all the same, whoever awaits it is told
+            # of the journal's failure, and the next start resumes it.
+            log.error("run %s: its end is not journaled (%s); it resumes on the next start", run.handle, e)
         run.status, run.result, run.error = status, result, error
         for approval in run.approvals.values():
             approval.abandon()
@@ -367,6 +383,7 @@ class Runs:
         run = self.get(handle)
         ended = self._cancel_subtree(run, reason)
         tasks = [r.task for r in ended if r.task is not None and not r.task.done()]
+        await self.journal.durable()
         if tasks:
             # Let their turns' connections close first, so the dataplane sees the abandoned turns
             # before it hears that the runs ended.
@@ -441,7 +458,9 @@ class Runs:
         log.info("run %s: tool call %s (%s) waits for approval", run.handle, call_id, tool)
         self._pulse()
         try:
-            return await approval.decision
+            allow = await approval.decision
+            await self.journal.durable()  # the call runs (or is declined) once the decision is on disk
+            return allow
         finally:
             run.approvals.pop(call_id, None)
             self._pulse()
@@ -534,6 +553,8 @@ class Runs:
                 pending_turn=replayed.pending_turn,
                 pending_results=list(replayed.pending_results),
                 decisions=dict(replayed.decisions),
+                owner=replayed.owner,
+                restored=True,
             )
             if replayed.finished is not None:
                 status = replayed.finished.get("status")
@@ -570,3 +591,5 @@ class Runs:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+        with contextlib.suppress(JournalError):
+            await self.journal.durable()

@@ -4,7 +4,8 @@
 mcp-session-id) and the sessionless 2026-07-28 protocol. `GET /status` returns the run tree as
 JSON, with permissive CORS headers so that the scheduler's status page can show it. Each spawned
 run is a sub-agent whose loop (agent.py) runs as an asyncio task in this process; every run is
-journaled (journal.py) and restored when the runtime starts again.
+journaled (journal.py) and restored when the runtime starts again; one runtime at a time may use
+a state directory (state_lock.py).
 
 Approvals reach the harness user while an await or run covers the run, if the client advertises
 elicitation: on a legacy session as an elicitation request inside the call, on a sessionless
@@ -30,7 +31,7 @@ from typing import Annotated, Any
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
@@ -38,12 +39,15 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from luftpause import __version__
-from luftpause.config import Config
+from luftpause import __version__, logs
+from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
 from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
-from luftpause.runtime.auth import TOKEN_ENV, BearerAuth, cors_headers
+from luftpause.runtime.arguments import readable_arguments_error
+from luftpause.runtime.auth import BearerAuth, cors_headers
+from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
+from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane, DecideFailed, decision_of
 from luftpause.runtime.runs import (
     DEFAULT_AWAIT_TIMEOUT_S,
@@ -59,6 +63,7 @@ from luftpause.runtime.runs import (
     SpawnRefused,
     UnknownRun,
 )
+from luftpause.runtime.state_lock import StateDirInUse, StateLock
 from luftpause.runtime.tasks import Tasks, TasksExtension
 from luftpause.runtime.tool_servers import ToolServers
 
@@ -75,6 +80,10 @@ class SpawnResult(BaseModel):
 class AwaitResult(BaseModel):
     runs: list[RunView] = Field(description="the awaited runs, in the order asked, each as it stands now")
     timedOut: bool = Field(description="true when the timeout passed before the runs were done")
+    needsApproval: list[str] = Field(
+        description="handles of awaited runs waiting for the user's approval (answer with approve); "
+        "await returns early, before the runs are done, only for these"
+    )
 
 
 class RunsResult(BaseModel):
@@ -108,16 +117,26 @@ def parse_approval_key(key: str) -> tuple[str, str] | None:
 class Runtime:
     """The runtime's parts, wired together: journal, runs, sub-agent loop, tool servers, tasks."""
 
-    def __init__(self, config: Config, state_dir: str | None = None, token: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        state_dir: str | None = None,
+        token: str | None = None,
+        operator_token: str | None = None,
+    ) -> None:
         settings = config.runtime
         self.config = config
+        self.operator_token = operator_token
         self.state_dir = Path(state_dir or settings.state_dir)
-        self.journal = Journal(self.state_dir)
+        # Before anything reads the directory: a second runtime here must not resume these runs.
+        self.state_lock = StateLock(self.state_dir)
+        self.writer = JsonlWriter()
+        self.journal = Journal(self.state_dir, self.writer)
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model)
         self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run)
-        self.tasks = Tasks(self.state_dir, self.runs)
+        self.tasks = Tasks(self.state_dir, self.runs, self.writer)
 
     async def start(self) -> None:
         self.tool_servers.start()
@@ -131,6 +150,8 @@ class Runtime:
         await self.tool_servers.close()
         await self.dataplane.close()
         self.journal.close()
+        self.writer.close()
+        self.state_lock.release()
 
     def spec_from(self, arguments: dict[str, Any]) -> RunSpec:
         """A RunSpec from spawn's (or run's) arguments, with the default model filled in."""
@@ -138,24 +159,43 @@ class Runtime:
         known.setdefault("model", self.config.runtime.default_model)
         return RunSpec.model_validate(known)
 
-    @staticmethod
-    def caller_from(ctx: Any) -> str | None:
-        """Who spawns: the MCP session when the client has one, else the client's name and version."""
-        request = getattr(ctx, "request", None)
-        headers = getattr(request, "headers", None)
-        session_id = headers.get("mcp-session-id") if headers is not None else None
-        if session_id:
-            return session_id
-        params = ctx.session.client_params
-        info = params.client_info if params is not None else None
-        if info is not None and info.name:
-            return f"{info.name}/{info.version}" if info.version else info.name
-        return None
+    def who(self, ctx: Any) -> Who:
+        """The identity of the request `ctx` belongs to (callers.py)."""
+        return who_of(ctx, self.operator_token)
 
-    async def spawn(self, spec: RunSpec, caller: str | None) -> str:
+    def run_for(self, handle: str, who: Who) -> Run:
+        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`)."""
+        run = self.runs.get(handle)
+        if not who.may_see(run):
+            raise NotYours(handle)
+        return run
+
+    async def spawn(self, spec: RunSpec, who: Who) -> str:
+        if spec.parent is not None:
+            self.run_for(spec.parent, who)
+        await self._check_model(spec.model)
         if spec.tools is not None:
             await self._check_tool_names(spec.tools)
-        return self.runs.spawn(spec, caller).handle
+        handle = self.runs.spawn(spec, who.caller, who.owner).handle
+        await self.journal.durable()
+        return handle
+
+    async def _check_model(self, model: str) -> None:
+        """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""
+        served = await self.dataplane.models()
+        if served is None:
+            # The dataplane cannot say now (down, restarting): the run's first turn will tell.
+            log.warning(
+                "spawn: cannot list the dataplane's models at %s; not checking %r",
+                self.dataplane.base_url,
+                model,
+            )
+            return
+        if model not in served:
+            raise ToolError(
+                f"unknown model {model!r}: the pool serves {', '.join(repr(m) for m in served) or 'no models'}; "
+                f"name one of them, or omit model for the default ({self.config.runtime.default_model!r})."
+            )
 
     async def _check_tool_names(self, names: list[str]) -> None:
         tools, unavailable = self.tool_servers.catalog()
@@ -233,6 +273,9 @@ class Runtime:
         that cannot be asked gets the runs back as soon as one is AwaitingApproval (with
         `return_on_approval`), so that its model can answer with approve.
         """
+        who = self.who(ctx)
+        for handle in handles:
+            self.run_for(handle, who)
         caps = ctx.client_capabilities
         can_elicit = caps is not None and caps.elicitation is not None
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -248,7 +291,7 @@ class Runtime:
                 dismissed.add(key)
                 continue
             with contextlib.suppress(UnknownRun):
-                self.runs.decide_approval(self.runs.get(target[0]), decision, target[1])
+                self.runs.decide_approval(self.run_for(target[0], who), decision, target[1])
 
         def unasked(run: Run, approval: Approval) -> bool:
             return approval_key(run, approval) not in dismissed
@@ -289,19 +332,6 @@ class Runtime:
                 )
                 if decision is not None:
                     self.runs.decide_approval(run, decision, approval.call_id)
-
-
-def caller_of(ctx: Context) -> str | None:
-    """Who spawns: the MCP session when the client has one, else the client's name and version."""
-    headers = ctx.headers
-    session_id = headers.get("mcp-session-id") if headers is not None else None
-    if session_id:
-        return session_id
-    params = ctx.session.client_params
-    info = params.client_info if params is not None else None
-    if info is not None and info.name:
-        return f"{info.name}/{info.version}" if info.version else info.name
-    return None
 
 
 def request_state(ctx: Context) -> dict[str, Any]:
@@ -348,9 +378,22 @@ ApproveToolsArg = Annotated[
 ]
 
 
+class RuntimeMCP(MCPServer):
+    """The SDK's server, with arguments that fail the tool's schema refused in one sentence (the
+    SDK's own message is pydantic's, with a URL per error) instead of a validation dump."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if isinstance(e.__cause__, ValidationError) and not isinstance(e, UnexpectedToolError):
+                raise ToolError(readable_arguments_error(name, e.__cause__)) from None
+            raise
+
+
 def build_mcp(runtime: Runtime) -> MCPServer:
     """The MCP server with the runtime's tools, and the Tasks extension."""
-    mcp = MCPServer(
+    mcp = RuntimeMCP(
         "luftpause",
         version=__version__,
         instructions=(
@@ -373,12 +416,12 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         try:
             return runtime.spec_from(arguments)
         except ValidationError as e:
-            raise ToolError(str(e)) from None
+            raise ToolError(readable_arguments_error("spawn", e)) from None
 
     async def spawn_checked(spec: RunSpec, ctx: Context) -> str:
         try:
-            return await runtime.spawn(spec, caller_of(ctx))
-        except (UnknownRun, SpawnRefused) as e:
+            return await runtime.spawn(spec, runtime.who(ctx))
+        except (UnknownRun, SpawnRefused, JournalError) as e:
             raise ToolError(str(e)) from None
 
     @tool()
@@ -420,17 +463,24 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         status, result, error, toolCalls, failedToolCalls and turns, and whether it timed out.
 
         Runs still running after a timeout keep going: await them again. A run whose tool call
-        needs the user's approval shows as AwaitingApproval: the user may be asked here, or
-        answer it with approve.
+        needs the user's approval shows as AwaitingApproval: the user may be asked here, or,
+        when they cannot be, await returns at once with the run in needsApproval: answer it
+        with approve, then await again.
         """
         try:
             outcome = await runtime.await_runs(ctx, handles, mode, timeout, request_state(ctx))
-        except UnknownRun as e:
+            # What it reports (an end, a decision) is on disk before the client hears of it.
+            await runtime.journal.durable()
+        except (UnknownRun, JournalError) as e:
             raise ToolError(str(e)) from None
         if isinstance(outcome, InputRequiredResult):
             return outcome
         runs, timed_out = outcome
-        return AwaitResult(runs=[r.view() for r in runs], timedOut=timed_out)
+        return AwaitResult(
+            runs=[r.view() for r in runs],
+            timedOut=timed_out,
+            needsApproval=[r.handle for r in runs if r.running and r.approvals],
+        )
 
     @tool()
     async def run(
@@ -477,23 +527,30 @@ def build_mcp(runtime: Runtime) -> MCPServer:
 
     @tool()
     async def status(
-        handle: Annotated[str | None, Field(description="one run's handle; omit for every run")] = None,
+        ctx: Context,
+        handle: Annotated[str | None, Field(description="one run's handle; omit for all of yours")] = None,
     ) -> RunsResult:
         """Return runs as they stand now, without waiting: one run (with its parent and children),
-        or every run this runtime knows."""
+        or every run you spawned."""
+        who = runtime.who(ctx)
         try:
-            runs = [runtime.runs.get(handle)] if handle is not None else list(runtime.runs)
+            runs = (
+                [runtime.run_for(handle, who)]
+                if handle is not None
+                else [r for r in runtime.runs if who.may_see(r)]
+            )
         except UnknownRun as e:
             raise ToolError(str(e)) from None
         return RunsResult(runs=[r.view() for r in runs])
 
     @tool()
-    async def cancel(handle: Annotated[str, Field(description="the run to cancel")]) -> RunView:
+    async def cancel(handle: Annotated[str, Field(description="the run to cancel")], ctx: Context) -> RunView:
         """Cancel a running run and every run under it, and return it; its status becomes cancelled.
         A run already done is returned unchanged."""
         try:
+            runtime.run_for(handle, runtime.who(ctx))
             run = await runtime.runs.cancel(handle)
-        except UnknownRun as e:
+        except (UnknownRun, JournalError) as e:
             raise ToolError(str(e)) from None
         return run.view()
 
@@ -501,14 +558,20 @@ def build_mcp(runtime: Runtime) -> MCPServer:
     async def approve(
         handle: Annotated[str, Field(description="a run whose status is AwaitingApproval")],
         allow: Annotated[bool, Field(description="true to let the tool call run, false to decline it")],
+        ctx: Context,
     ) -> RunView:
         """Answer a run's tool call that waits for approval (status AwaitingApproval, see
         pendingApproval): allow it, or decline it (the sub-agent is told the user declined)."""
         try:
-            run = runtime.runs.get(handle)
+            run = runtime.run_for(handle, runtime.who(ctx))
         except UnknownRun as e:
             raise ToolError(str(e)) from None
-        if runtime.runs.decide_approval(run, allow) is None:
+        try:
+            decided = runtime.runs.decide_approval(run, allow)
+            await runtime.journal.durable()
+        except JournalError as e:
+            raise ToolError(str(e)) from None
+        if decided is None:
             raise ToolError(
                 f"run {handle} has no tool call waiting for approval (status {run.shown_status()})"
             )
@@ -551,9 +614,7 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         if labels is not None:
             body["labels"] = labels
         headers = {"x-luftpause-class": "interactive"}
-        caller = caller_of(ctx)
-        if caller:
-            headers["x-luftpause-caller"] = caller_header(caller)
+        headers["x-luftpause-caller"] = caller_header(runtime.who(ctx).caller)
         try:
             return decision_of(await runtime.dataplane.decide(body, headers))
         except DecideFailed as e:
@@ -578,11 +639,12 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
         token = os.environ.get(TOKEN_ENV) or None
     if token is None:
         log.warning("runtime: %s is not set: /mcp and /status accept everyone", TOKEN_ENV)
-    runtime = Runtime(config, state_dir, token=token)
+    operator_token = os.environ.get(OPERATOR_TOKEN_ENV) or None
+    runtime = Runtime(config, state_dir, token=token, operator_token=operator_token)
     mcp = build_mcp(runtime)
     app = mcp.streamable_http_app(host=config.runtime.host)
     if token is not None:
-        app.add_middleware(BearerAuth, token=token)
+        app.add_middleware(BearerAuth, token=token, operator_token=operator_token)
     session_manager_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
@@ -601,12 +663,11 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
 
 def serve(config: Config, state_dir: str | None = None) -> None:
     """Serves the runtime on config.runtime.host:port until SIGINT or SIGTERM."""
-    app = build_app(config, state_dir)
+    try:
+        app = build_app(config, state_dir)
+    except StateDirInUse as e:
+        raise SystemExit(f"luftpause runtime: {e}") from None
     settings = config.runtime
-    if not log.isEnabledFor(logging.DEBUG):
-        # One line per HTTP request to the dataplane and the tool servers drowns everything else.
-        for name in ("httpx", "httpx2"):
-            logging.getLogger(name).setLevel(logging.WARNING)
     log.info("runtime: MCP at http://%s:%d/mcp, status at /status", settings.host, settings.port)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -614,7 +675,7 @@ def serve(config: Config, state_dir: str | None = None) -> None:
             host=settings.host,
             port=settings.port,
             log_config=None,
-            access_log=False,
+            access_log=logs.access_log(),
             # An await may hold its request open for minutes; do not wait for it on shutdown.
             timeout_graceful_shutdown=3,
         )

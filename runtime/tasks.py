@@ -8,8 +8,8 @@ once the run has ended, with the run as the tool result (`isError` when the run 
 `cancelled` after `tasks/cancel` or once the run is cancelled any other way. It answers an approval with `tasks/update`.
 Clients that do not declare the extension get `run` as one blocking call.
 
-Tasks are journaled to `tasks.jsonl` beside `runs.jsonl`, one JSON object per line, fsynced
-before the step is acknowledged:
+Tasks are journaled to `tasks.jsonl` beside `runs.jsonl`, one JSON object per line, through the
+writer runs.jsonl uses (journal_writer.py), fsynced before the step is acknowledged:
 
     {"v":1,"type":"created","task":ID,"run":H,"at":T}
     {"v":1,"type":"closed","task":ID,"at":T,"status":S,"message":M}
@@ -41,7 +41,9 @@ from mcp_types import CallToolRequestParams, CallToolResult, RequestParams, Text
 from pydantic import ConfigDict, ValidationError
 
 from luftpause.runtime.approvals import ApprovalForm, answer_of
+from luftpause.runtime.arguments import readable_arguments_error
 from luftpause.runtime.journal import read_records
+from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.runs import Run, Runs, SpawnRefused, UnknownRun
 
 if TYPE_CHECKING:
@@ -104,24 +106,21 @@ class UpdateTaskParams(TaskParams):
 class Tasks:
     """Every task this runtime has handed out, and `tasks.jsonl`."""
 
-    def __init__(self, state_dir: str | os.PathLike[str], runs: Runs) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], runs: Runs, writer: JsonlWriter) -> None:
         self.path = Path(state_dir) / FILE_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.runs = runs
         self._tasks: dict[str, Task] = {}
         self._watchers: set[asyncio.Task[None]] = set()
-        self._file = self.path.open("a", encoding="utf-8")
+        self.writer = writer
+        writer.open(self.path)  # a torn last line is ended; the next record starts on its own line
 
     def _append(self, record_type: str, task: str, **fields: Any) -> None:
         record = {"v": 1, "type": record_type, "task": task, "at": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self.writer.append(self.path, record)
 
     def restore(self) -> None:
         """Reads tasks.jsonl; a task left open by the last process is failed now."""
-        if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
-            self._file.write("\n")  # the torn tail stays; the next record starts on its own line
+        self.writer.flush()
         open_tasks = []
         for record in read_records(self.path):
             task_id = record.get("task")
@@ -241,7 +240,7 @@ class Tasks:
             w.cancel()
         if self._watchers:
             await asyncio.wait(list(self._watchers), timeout=5)
-        self._file.close()
+        self.writer.close_file(self.path)
 
 
 def run_result(run: Run) -> CallToolResult:
@@ -289,10 +288,18 @@ class TasksExtension(Extension):
             return await call_next(ctx)
         try:
             spec = self.runtime.spec_from(dict(params.arguments or {}))
-            handle = await self.runtime.spawn(spec, self.runtime.caller_from(ctx))
-        except (ValidationError, SpawnRefused, UnknownRun, ToolError, ValueError) as e:
+            handle = await self.runtime.spawn(spec, self.runtime.who(ctx))
+        except ValidationError as e:
+            return CallToolResult(
+                content=[TextContent(type="text", text=readable_arguments_error("run", e))], is_error=True
+            )
+        except (SpawnRefused, UnknownRun, ToolError, ValueError, JournalError) as e:
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
-        task = self.tasks.create(self.runtime.runs.get(handle))
+        try:
+            task = self.tasks.create(self.runtime.runs.get(handle))
+            await self.tasks.writer.durable()
+        except JournalError as e:
+            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
         body = {
             k: v
             for k, v in self.tasks.detailed(task).items()

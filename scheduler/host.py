@@ -25,7 +25,8 @@ import grpc
 import uvicorn
 
 from luftpause import config as _config
-from luftpause.dataplane.auth import TOKEN_ENV, bearer_matches
+from luftpause.config import TOKEN_ENV
+from luftpause.dataplane.auth import bearer_matches
 from luftpause.proto import pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
@@ -261,7 +262,12 @@ def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
 def grpc_server(token: str | None) -> grpc.aio.Server:
     """The scheduler's gRPC server, taking only calls that carry `token` when there is one."""
-    return grpc.aio.server(interceptors=[BearerCheck(token)] if token else None)
+    return grpc.aio.server(
+        interceptors=[BearerCheck(token)] if token else None,
+        # gRPC sets SO_REUSEPORT by default, which lets a second scheduler bind the same port and
+        # take half of the first one's connections; a port in use must be an error instead.
+        options=[("grpc.so_reuseport", 0)],
+    )
 
 
 class _StatusServer(uvicorn.Server):
@@ -288,8 +294,6 @@ async def _ticks(host: SchedulerHost) -> None:
 
 async def _main(config: _config.Config) -> None:
     settings = config.scheduler
-    # The prober makes two requests per replica every probe period; they are not news.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     host = SchedulerHost(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

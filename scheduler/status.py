@@ -3,7 +3,7 @@
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
 limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
 running and waiting counts; the turns held here by class and by caller with the oldest wait; and
-the runs by phase and class. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
+the runs by phase, by class and by caller. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
 runtime's own GET /status (which sends the CORS headers that allow it). The server runs on the
@@ -12,6 +12,7 @@ host's event loop, so each answer is a consistent snapshot of one state.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -85,6 +86,8 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "count": len(runs),
             "by_phase": {str(p): sum(1 for r in runs if r.phase is p) for p in Phase},
             "by_class": by_class,
+            # Runs per caller: how fairness sees who is asking (x-luftpause-caller; "" is anonymous).
+            "by_caller": dict(sorted(Counter(r.caller for r in runs).items())),
         },
     }
 

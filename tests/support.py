@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -185,13 +186,20 @@ def running(*services: Service) -> Iterator[tuple[Service, ...]]:
             s.stop()
 
 
-def start_up(config_path: Path, log: Path, timeout_s: float = 60.0) -> subprocess.Popen:
+def up_command(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "luftpause", "up", "--config", str(config_path), "--with-fakes"]
+
+
+def start_up(
+    config_path: Path, log: Path, timeout_s: float = 60.0, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Starts `luftpause up --config F --with-fakes` and waits for its banner; fails if it exits."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "luftpause", "up", "--config", str(config_path), "--with-fakes"],
+            up_command(config_path),
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
             start_new_session=True,
         )
     wait_until(
@@ -202,6 +210,37 @@ def start_up(config_path: Path, log: Path, timeout_s: float = 60.0) -> subproces
     if proc.poll() is not None:
         raise RuntimeError(f"luftpause up exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
     return proc
+
+
+def started_children(log: Path) -> dict[str, int]:
+    """The pid of each child `luftpause up` reports started (the latest, after a restart)."""
+    pids: dict[str, int] = {}
+    for name, pid in re.findall(r"(?:started|restarted) (\S+) \(pid (\d+)", log.read_text(errors="replace")):
+        pids[name] = int(pid)
+    return pids
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group `pgid` still runs (zombies count as gone)."""
+    proc = Path("/proc")
+    if not proc.exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
 
 
 def stop_up(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:

@@ -8,6 +8,7 @@ tests also cover stdio tool servers. Each approval test forces the destructive t
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -18,12 +19,15 @@ import pytest
 from mcp import Client
 from mcp.client.extension import ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, RequestParams, Result
 from mcp_types._types import Request
 from pydantic import TypeAdapter
 from support import Service, free_port, wait_until
 from test_runtime_e2e import Backends, call, error_of, task_planning
 from test_runtime_e2e import backends as backends  # noqa: F401 (the module's fixture, shared)
+
+from luftpause.runtime.auth import UNAUTHORIZED
 
 FIXTURE = Path(__file__).resolve().parent / "tool_fixture.py"
 
@@ -315,6 +319,21 @@ async def test_a_tasks_client_can_cancel_and_others_get_run_as_one_call(runtime)
     assert run["status"] == "finished" and run["toolCalls"] == 1
 
 
+async def test_a_tasks_client_is_refused_bad_arguments_and_unknown_models_in_one_sentence(runtime):
+    async with Client(runtime.url, extensions=[TasksClient()]) as client:
+        bad_class = await client.session.call_tool(
+            "run", {"task": "hello", "serviceClass": "urgent"}, allow_claimed=True
+        )
+        assert bad_class.is_error
+        assert (
+            bad_class.content[0].text == "run: serviceClass must be 'interactive' or 'batch', not 'urgent'."
+        )
+        unknown = await client.session.call_tool(
+            "run", {"task": "hello", "model": "gpt-nope"}, allow_claimed=True
+        )
+        assert unknown.is_error and unknown.content[0].text.startswith("unknown model 'gpt-nope'")
+
+
 async def test_an_open_task_is_failed_on_restart_while_its_run_resumes(tmp_path, backends):  # noqa: F811
     rt = RuntimeUnderTest(tmp_path, backends).start()
     try:
@@ -469,3 +488,80 @@ async def test_every_tool_on_both_wires(runtime, mode):
         assert (await call(client, "cancel", handle=other))["status"] == "cancelled"
         listed = {r["handle"]: r["status"] for r in (await call(client, "status"))["runs"]}
         assert listed[handle] == "finished" and listed[other] == "cancelled"
+
+
+async def test_await_all_returns_early_only_to_say_which_runs_need_the_user(runtime):
+    """A client that cannot be asked: one run waits for approval, another runs on."""
+    async with Client(runtime.url) as client:
+        waiting = (await call(client, "spawn", **destructive_task("needs the user")))["handle"]
+        working = (
+            await call(client, "spawn", task=task_planning(2, "runs on"), tools=["lookup"], maxTokens=SHORT)
+        )["handle"]
+        early = await call(client, "await", handles=[waiting, working], mode="all", timeout=60)
+        assert early["timedOut"] is False
+        assert early["needsApproval"] == [waiting]
+        by_handle = {r["handle"]: r for r in early["runs"]}
+        assert by_handle[waiting]["status"] == "AwaitingApproval"
+
+        # Returned before the runs were done: the only reason given is the one that holds.
+        assert not all(r["status"] in ("finished", "failed", "cancelled") for r in early["runs"])
+
+        await call(client, "approve", handle=waiting, allow=True)
+        done = await call(client, "await", handles=[waiting, working], mode="all", timeout=60)
+        assert done["timedOut"] is False and done["needsApproval"] == []
+        assert [r["status"] for r in done["runs"]] == ["finished", "finished"]
+
+        fresh = (
+            await call(
+                client, "spawn", task=task_planning(3, "still going"), tools=["lookup"], maxTokens=SHORT
+            )
+        )["handle"]
+        timed_out = await call(client, "await", handles=[fresh], timeout=0)
+        assert timed_out["timedOut"] is True and timed_out["needsApproval"] == []
+        assert timed_out["runs"][0]["status"] == "running"
+        await call(client, "cancel", handle=fresh)
+
+
+async def test_spawn_refuses_an_unknown_model_and_bad_values_at_once_in_one_sentence(runtime):
+    async with Client(runtime.url) as client:
+        started = time.monotonic()
+        unknown = await error_of(client, "spawn", task="hello", model="gpt-nope")
+        assert time.monotonic() - started < 5
+        assert unknown == (
+            "Error executing tool spawn: unknown model 'gpt-nope': the pool serves 'fake-llama'; "
+            "name one of them, or omit model for the default ('fake-llama')."
+        )
+        assert await error_of(client, "spawn", task="hello", serviceClass="urgent") == (
+            "spawn: serviceClass must be 'interactive' or 'batch', not 'urgent'."
+        )
+        assert await error_of(client, "await", handles=["run-x"], mode="sometimes") == (
+            "await: mode must be 'all' or 'any', not 'sometimes'."
+        )
+        assert await error_of(client, "spawn", task="hello", maxToolCalls=-1) == (
+            "spawn: maxToolCalls should be greater than or equal to 0, not -1."
+        )
+    assert not [r for r in runtime.records() if r["type"] == "spawned" and r["spec"]["task"] == "hello"]
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, however deeply nested."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for e in error.exceptions for leaf in leaves(e)]
+    return [error]
+
+
+async def test_a_client_without_the_bearer_sees_an_authentication_error(tmp_path, backends):  # noqa: F811
+    rt = RuntimeUnderTest(tmp_path, backends, token="s3cret").start()
+    try:
+        for mode in ("legacy", "auto"):
+            # The SDK client raises the error from inside its task groups, so it arrives wrapped
+            # in exception groups; what it wraps is the server's JSON-RPC error, with its text.
+            with pytest.raises(BaseException) as refused:
+                async with Client(rt.url, mode=mode) as client:
+                    await client.list_tools()
+            (error,) = leaves(refused.value)
+            assert isinstance(error, MCPError), repr(error)
+            assert error.error.code == UNAUTHORIZED
+            assert str(error) == "missing bearer token: send Authorization: Bearer <LUFTPAUSE_TOKEN>"
+    finally:
+        rt.service.stop()

@@ -115,7 +115,7 @@ def test_held_turns_by_class_and_caller_with_the_oldest_wait():
     }
 
 
-def test_runs_by_phase_and_class():
+def test_runs_by_phase_class_and_caller():
     pool = _busy_pool()
     pool.complete("t1", tool_calls=True)  # r1 paused; t3 (interactive) goes first
     doc = status_document(pool.state, now=pool.now)
@@ -126,6 +126,7 @@ def test_runs_by_phase_and_class():
             "interactive": {"generating": 3, "paused": 1, "idle": 0},
             "batch": {"generating": 0, "paused": 0, "idle": 1},
         },
+        "by_caller": {"alice": 3, "bob": 2},
     }
     # r1 will be back on a; t3, not yet started, fills a's lookahead of one, so t2 still waits.
     a = doc["replicas"][0]

@@ -1,0 +1,188 @@
+"""The one writer of the runtime's JSONL files (`runs.jsonl`, `tasks.jsonl`): off the event loop,
+in order, with group commit.
+
+`append` encodes a record and queues its line at once, without touching the disk; a writer
+thread takes everything queued so far, writes it in order, then flushes and fsyncs each file it
+touched once (group commit: eight sub-agents finishing a tool round together cost one fsync, not
+eight, and none of it blocks the event loop). Lines reach each file in the order they were
+appended. `await durable()` returns once every line appended before the call is on disk: a
+step waits for it before it is acknowledged (spawn returns its handle, a tool round's results go
+to the model, await and cancel answer).
+
+A write or fsync that fails (a full disk, an I/O error) fails every waiter and every later
+append with `JournalError`, and a disk slower than `DURABLE_TIMEOUT_S` fails the waiter: the
+client sees the error, and nothing is lost silently. Opening a file ends a torn last line (a
+crash mid-write) with a newline, so the next record starts on a line of its own; readers skip
+the fragment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger(__name__)
+
+# Longest a step waits for the disk before its client is told the journal cannot keep up.
+DURABLE_TIMEOUT_S = 30.0
+
+
+class JournalError(RuntimeError):
+    """The journal cannot be written (or not in time); the message says which file and why."""
+
+
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+class JsonlWriter:
+    """Appends JSON lines to the files it opened, in order, from one thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._files: dict[Path, TextIO] = {}
+        self._queue: list[tuple[Path, str]] = []
+        self._appended = 0  # lines queued so far
+        self._durable = 0  # of those, the lines on disk
+        self._failed: JournalError | None = None
+        self._closing = False
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    def open(self, path: Path) -> None:
+        """Makes `path` writable through `append`, ending a torn last line first."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size:
+            with path.open("rb+") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+        with self._cond:
+            self._files[path] = path.open("a", encoding="utf-8")
+
+    def append(self, path: Path, record: dict[str, Any]) -> None:
+        """Queues one record for `path`; `durable` says when it is on disk."""
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        with self._cond:
+            if self._failed is not None:
+                raise self._failed
+            if path not in self._files:
+                raise JournalError(f"{path} is not open for writing (the runtime is stopping)")
+            self._queue.append((path, line))
+            self._appended += 1
+            self._cond.notify_all()
+
+    async def durable(self, timeout_s: float = DURABLE_TIMEOUT_S) -> None:
+        """Returns once every record appended so far is on disk; raises `JournalError` if it cannot be."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._failed is not None:
+                raise self._failed
+            upto = self._appended
+            if self._durable >= upto:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((upto, loop, future))
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise JournalError(
+                f"the disk took more than {timeout_s:g} s to write the journal; the step is not acknowledged"
+            ) from None
+
+    def flush(self) -> None:
+        """Blocks until every record appended so far is on disk (startup, shutdown, replay)."""
+        with self._cond:
+            upto = self._appended
+            while self._durable < upto and self._failed is None:
+                self._cond.wait()
+            if self._failed is not None:
+                raise self._failed
+
+    def close_file(self, path: Path) -> None:
+        """Writes what is queued, then closes `path`; later appends to it fail."""
+        try:
+            self.flush()
+        finally:
+            with self._cond:
+                f = self._files.pop(path, None)
+            if f is not None:
+                try:
+                    f.close()
+                except OSError as e:
+                    log.error("journal: closing %s failed: %s", path, e)
+
+    def close(self) -> None:
+        """Writes what is queued, closes every file and stops the thread."""
+        for path in list(self._files):
+            try:
+                self.close_file(path)
+            except JournalError:
+                pass  # already reported to whoever waited
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch, self._queue = self._queue, []
+                upto = self._appended
+                files = dict(self._files)
+            current = None
+            try:
+                touched: dict[Path, TextIO] = {}
+                for current, line in batch:
+                    touched[current] = files[current]
+                    touched[current].write(line)
+                for target in touched:
+                    current = target
+                    touched[target].flush()
+                    os.fsync(touched[target].fileno())
+            except (OSError, KeyError, ValueError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+                self._fail(JournalError(f"cannot write the journal {current}: {reason}"))
+                return
+            with self._cond:
+                self._durable = upto
+                ready = [w for w in self._waiters if w[0] <= upto]
+                self._waiters = [w for w in self._waiters if w[0] > upto]
+                self._cond.notify_all()
+            for _, loop, future in ready:
+                self._wake(loop, future, None)
+
+    def _fail(self, error: JournalError) -> None:
+        log.error("%s; every step from now on fails until the runtime is restarted", error)
+        with self._cond:
+            self._failed = error
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for _, loop, future in waiters:
+            self._wake(loop, future, error)
+
+    @staticmethod
+    def _wake(
+        loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: BaseException | None
+    ) -> None:
+        try:
+            loop.call_soon_threadsafe(_resolve, future, error)
+        except RuntimeError:
+            pass  # that loop is closed: nobody waits any more
