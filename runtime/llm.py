@@ -3,8 +3,14 @@
 Turns go to `<dataplane>/v1/chat/completions`, not streamed, with the run's identity in the
 luftpause headers so that the scheduler sees every sub-agent turn as a turn of its run. A 429
 (a hosted API's rate limit, passed through) is retried after its Retry-After, else after 1 s,
-for as long as the run lives; any other failure ends the turn with `TurnFailed`. `decide` is one
-`POST /v1/decide`; `models` asks `GET /v1/models` which models spawn may name. With a token (`LUFTPAUSE_TOKEN`) every request carries it as a bearer.
+for as long as the run lives. A transient failure (the dataplane unreachable or restarting, the
+connection lost mid-turn, a 502, 503 or 504: an engine that died, a scheduler or dataplane on
+its way back) is retried with backoff from 0.25 s up to 8 s between tries, for up to 120 s per
+turn; the run's cancellation (its own, or its budget's) stops the retries at once. Anything else,
+or a transient failure that outlasts its window, ends the turn with `TurnFailed`. A retried turn
+is the same request again: a model turn has no effect outside its reply. `decide` is one
+`POST /v1/decide`; `models` asks `GET /v1/models` which models spawn may name. With a token
+(`LUFTPAUSE_TOKEN`) every request carries it as a bearer.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ log = logging.getLogger(__name__)
 TURN_TIMEOUT_S = 600.0
 # Wait before retrying a 429 that names no Retry-After.
 DEFAULT_RETRY_AFTER_S = 1.0
+# How long one turn keeps retrying transient failures, and the waits between its tries.
+TRANSIENT_RETRY_S = 120.0
+BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# Statuses that say "not now" rather than "not this request": an engine or the scheduler away.
+TRANSIENT_STATUSES = frozenset({502, 503, 504})
 
 
 class TurnFailed(Exception):
@@ -52,15 +63,26 @@ class Dataplane:
     async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """Sends one turn and returns the parsed completion; retries 429s, raises `TurnFailed`."""
         url = f"{self.base_url}/v1/chat/completions"
+        retries = _Retries(headers.get("x-luftpause-run-id", ""))
         while True:
             try:
                 response = await self._http.post(url, json=body, headers=headers)
+            except httpx.ConnectTimeout as e:
+                await retries.after(f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}")
+                continue
             except httpx.TimeoutException:
                 raise TurnFailed(
                     f"the dataplane gave no reply within {self._http.timeout.read:.0f} s"
                 ) from None
+            except httpx.TransportError as e:
+                # Refused, reset, or closed mid-reply: the dataplane is down or restarting.
+                await retries.after(f"cannot reach the dataplane at {self.base_url}: {e!r}")
+                continue
             except httpx.HTTPError as e:
                 raise TurnFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
+            if response.status_code in TRANSIENT_STATUSES:
+                await retries.after(f"the dataplane answered {response.status_code}: {error_message(response)}")
+                continue
             if response.status_code == 429:
                 delay = retry_after_s(response.headers.get("retry-after"))
                 log.info(
@@ -125,6 +147,27 @@ class Dataplane:
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+class _Retries:
+    """One turn's retries of transient failures: the backoff, and the window they must fit in."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+        self._tries = 0
+        self._give_up_at: float | None = None
+
+    async def after(self, problem: str) -> None:
+        """Waits before the next try after `problem`; raises TurnFailed once the window is spent."""
+        now = time.monotonic()
+        if self._give_up_at is None:
+            self._give_up_at = now + TRANSIENT_RETRY_S
+        if now >= self._give_up_at:
+            raise TurnFailed(f"{problem} (still so after retrying for {TRANSIENT_RETRY_S:.0f} s)")
+        delay = min(BACKOFF_S[min(self._tries, len(BACKOFF_S) - 1)], self._give_up_at - now)
+        self._tries += 1
+        log.warning("run %s: %s; retrying in %.2f s (try %d)", self._run_id, problem, delay, self._tries + 1)
+        await asyncio.sleep(delay)
 
 
 def decision_of(answer: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from luftpause.runtime import llm
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.journal import Journal, read_records
 from luftpause.runtime.llm import Dataplane, retry_after_s
@@ -72,7 +73,7 @@ def completion(message: dict) -> httpx.Response:
 class Engine:
     """Answers chat completions from a script; records every request."""
 
-    def __init__(self, *replies: httpx.Response) -> None:
+    def __init__(self, *replies: httpx.Response | Exception) -> None:
         self.replies = list(replies)
         self.requests: list[httpx.Request] = []
 
@@ -80,7 +81,10 @@ class Engine:
         self.requests.append(request)
         if request.method == "DELETE":
             return httpx.Response(204)
-        return self.replies.pop(0)
+        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]  # the last repeats
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     @property
     def turns(self) -> list[dict]:
@@ -207,8 +211,41 @@ def test_retry_after_is_read_in_seconds_and_defaults_to_one_second():
 
 
 async def test_an_engine_error_fails_the_run_with_its_status_and_message(tmp_path):
-    engine = Engine(httpx.Response(503, json={"error": {"message": "engine fake-a: overloaded"}}))
+    engine = Engine(httpx.Response(500, json={"error": {"message": "engine fake-a: out of memory"}}))
     run = await run_to_end(tmp_path, engine)
     assert run.status == "failed" and run.result is None
-    assert "503" in run.error and "engine fake-a: overloaded" in run.error
+    assert "500" in run.error and "engine fake-a: out of memory" in run.error
     assert engine.deleted == [f"/v1/runs/{run.handle}"]
+    assert len(engine.turns) == 1, "an error that is not transient is not retried"
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch):
+    """Retries that fit in a test: the same rule, with waits of milliseconds and a 1 s window."""
+    monkeypatch.setattr(llm, "BACKOFF_S", (0.01, 0.02, 0.05))
+    monkeypatch.setattr(llm, "TRANSIENT_RETRY_S", 1.0)
+
+
+async def test_transient_failures_are_retried_until_the_dataplane_answers(tmp_path, quick_backoff):
+    gone = httpx.ConnectError("connection refused")
+    lost = httpx.RemoteProtocolError("server disconnected without sending a response")
+    engine = Engine(
+        gone,
+        lost,
+        httpx.Response(502, json={"error": {"message": "engine fake-a: connect failed"}}),
+        httpx.Response(503, json={"error": {"message": "the dataplane is stopping"}}),
+        httpx.Response(504, json={"error": {"message": "engine fake-a: engine sent nothing"}}),
+        text_reply("made it"),
+    )
+    run = await run_to_end(tmp_path, engine)
+    assert (run.status, run.result) == ("finished", "made it")
+    assert len(engine.turns) == 6 and run.counters["turns"] == 1
+    assert all(t == engine.turns[0] for t in engine.turns), "each try is the same request"
+
+
+async def test_a_transient_failure_that_outlasts_its_window_fails_the_turn(tmp_path, quick_backoff):
+    engine = Engine(httpx.Response(503, json={"error": {"message": "no scheduler"}}))
+    run = await run_to_end(tmp_path, engine)
+    assert run.status == "failed"
+    assert "503: no scheduler (still so after retrying for 1 s)" in run.error
+    assert len(engine.turns) > 3
