@@ -43,7 +43,10 @@ of its rounds in order, then the pending turn and its finished calls if a round 
 this is what replay hands back to resume an unfinished run.
 
 Readers skip a line that is not a JSON object, with a warning: after a crash the last line may be
-torn. Unknown record types and unknown keys are ignored, so later versions can add both.
+torn. Unknown record types and unknown keys are ignored, so later versions can add both. A record
+whose fields have the wrong types (an edited or damaged file) is skipped with a warning too, and so
+is a second `spawned` record for a handle already spawned: one bad line costs at most its own run,
+never the runtime's start.
 """
 
 from __future__ import annotations
@@ -193,36 +196,64 @@ def replay_file(path: Path) -> list[ReplayedRun]:
     """Folds the records of `path` into one `ReplayedRun` per spawned run."""
     runs: dict[str, ReplayedRun] = {}
     for record in read_records(path):
-        kind, handle = record.get("type"), record.get("run")
-        if not isinstance(handle, str):
-            continue
-        if kind == "spawned":
-            runs[handle] = ReplayedRun(
-                handle=handle,
-                spec=dict(record.get("spec") or {}),
-                caller=record.get("caller"),
-                spawned_at=float(record.get("at") or 0.0),
-                owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
+        try:
+            _fold(runs, record, path)
+        except (TypeError, ValueError, AttributeError) as e:
+            log.warning(
+                "%s: %s record of run %r is malformed (%s); skipped", path, record.get("type"), record.get("run"), e
             )
-            continue
-        run = runs.get(handle)
-        if run is None:
-            log.warning("%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
-            continue
-        if run.finished is not None:
-            continue
-        if kind == "round":
-            run.rounds.append(list(record.get("messages") or []))
-            run.pending_turn, run.pending_results = None, []
-        elif kind == "turn" and isinstance(record.get("message"), dict):
-            run.pending_turn, run.pending_results = record["message"], []
-        elif kind == "call" and isinstance(record.get("message"), dict) and run.pending_turn is not None:
-            run.pending_results.append(record["message"])
-        elif kind == "approval" and isinstance(record.get("call"), str):
-            run.decisions[record["call"]] = bool(record.get("allow"))
-        elif kind == "finished":
-            run.finished = record
-        else:
-            continue
-        run.counters.update(read_counters(record))
     return list(runs.values())
+
+
+def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path) -> None:
+    """Applies one record; TypeError or ValueError when its fields are not of the documented types."""
+    kind, handle = record.get("type"), record.get("run")
+    if not isinstance(handle, str):
+        return
+    if kind == "spawned":
+        if handle in runs:
+            log.warning("%s: run %s is spawned a second time; the first record stands", path, handle)
+            return
+        runs[handle] = ReplayedRun(
+            handle=handle,
+            spec=_object(record.get("spec") or {}, "spec"),
+            caller=_text_or_none(record.get("caller"), "caller"),
+            spawned_at=float(record.get("at") or 0.0),
+            owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
+        )
+        return
+    run = runs.get(handle)
+    if run is None:
+        log.warning("%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
+        return
+    if run.finished is not None:
+        return
+    if kind == "round":
+        messages = record.get("messages") or []
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError("messages must be a list of message objects")
+        run.rounds.append(list(messages))
+        run.pending_turn, run.pending_results = None, []
+    elif kind == "turn" and isinstance(record.get("message"), dict):
+        run.pending_turn, run.pending_results = record["message"], []
+    elif kind == "call" and isinstance(record.get("message"), dict) and run.pending_turn is not None:
+        run.pending_results.append(record["message"])
+    elif kind == "approval" and isinstance(record.get("call"), str):
+        run.decisions[record["call"]] = bool(record.get("allow"))
+    elif kind == "finished":
+        run.finished = record
+    else:
+        return
+    run.counters.update(read_counters(record))
+
+
+def _object(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be an object, not {type(value).__name__}")
+    return dict(value)
+
+
+def _text_or_none(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string or null, not {type(value).__name__}")
+    return value

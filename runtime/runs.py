@@ -300,7 +300,11 @@ class Runs:
         self._runs[run.handle] = run
         if run.spec.parent is not None:
             parent = self._runs.get(run.spec.parent)
-            if parent is not None:
+            if parent is run:
+                # Only a damaged journal names a run its own parent; linking it would make its
+                # subtree endless.
+                log.warning("run %s names itself as its parent; it stands alone", run.handle)
+            elif parent is not None:
                 run.parent = parent
                 parent.children.append(run)
         if run.spec.budgetSeconds is not None and run.running:

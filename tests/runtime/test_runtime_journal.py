@@ -3,6 +3,9 @@
 import json
 import logging
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from luftpause.runtime.journal import Journal, read_records
 
 
@@ -84,3 +87,67 @@ def test_records_for_unknown_runs_and_unknown_types_are_ignored(tmp_path):
     )
     runs = Journal(tmp_path).replay()
     assert [r.handle for r in runs] == ["a"] and runs[0].rounds == [] and runs[0].finished is None
+
+
+def test_a_record_with_fields_of_the_wrong_type_costs_only_its_own_run(tmp_path, caplog):
+    path = tmp_path / "runs.jsonl"
+    path.write_text(
+        '{"v":1,"type":"spawned","run":"good","at":1.5,"spec":{"task":"t"}}\n'
+        '{"v":1,"type":"spawned","run":"bad","at":"yesterday","spec":{"task":"t"}}\n'
+        '{"v":1,"type":"spawned","run":"worse","at":2,"spec":"not an object"}\n'
+        '{"v":1,"type":"round","run":"good","messages":"not a list","toolCalls":1}\n'
+        '{"v":1,"type":"finished","run":"good","status":"finished","result":"ok","toolCalls":"many"}\n'
+    )
+    with caplog.at_level(logging.WARNING):
+        runs = Journal(tmp_path).replay()
+    assert [r.handle for r in runs] == ["good"]
+    assert runs[0].rounds == [] and runs[0].finished["result"] == "ok"
+    assert runs[0].counters["toolCalls"] == 0, "a counter of the wrong type is not read"
+    assert sum("malformed" in m and "skipped" in m for m in caplog.messages) == 3
+
+
+def test_a_second_spawned_record_does_not_bring_a_finished_run_back(tmp_path, caplog):
+    journal = Journal(tmp_path)
+    journal.spawned("a", {"task": "ta"}, None)
+    journal.finished("a", "finished", "done", None, _counters(0, turns=1))
+    journal.spawned("a", {"task": "ta"}, None)
+    journal.close()
+    with caplog.at_level(logging.WARNING):
+        (run,) = Journal(tmp_path).replay()
+    assert run.finished is not None and run.finished["result"] == "done"
+    assert any("spawned a second time" in m for m in caplog.messages)
+
+
+# Any JSON value, for the fields of a damaged record.
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+_damaged = st.fixed_dictionaries(
+    {"type": st.sampled_from(["spawned", "round", "turn", "call", "approval", "finished", "other"]),
+     "run": st.sampled_from(["a", "b", "zzz"]) | _json},
+    optional={k: _json for k in ("v", "at", "spec", "caller", "owner", "messages", "message", "call",
+                                 "allow", "status", "result", "error", "toolCalls", "turns")},
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damaged=_damaged, where=st.integers(min_value=0, max_value=5))
+def test_replay_survives_any_single_damaged_record(tmp_path, damaged, where):
+    good = [
+        {"v": 1, "type": "spawned", "run": "a", "at": 1.0, "spec": {"task": "ta"}, "caller": None},
+        {"v": 1, "type": "spawned", "run": "b", "at": 2.0, "spec": {"task": "tb"}, "caller": "c"},
+        {"v": 1, "type": "round", "run": "a", "at": 3.0, "messages": [{"role": "assistant"}], "toolCalls": 1},
+        {"v": 1, "type": "finished", "run": "b", "at": 4.0, "status": "finished", "result": "r", "toolCalls": 0},
+    ]
+    lines = [json.dumps(r) for r in good]
+    lines.insert(min(where, len(lines)), json.dumps(damaged))
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    runs = {r.handle: r for r in Journal(tmp_path).replay()}  # never raises
+    # A record about another run, or one that is not a run's at all, leaves a run as it was.
+    if damaged.get("run") != "a":
+        assert runs["a"].spec == {"task": "ta"} and runs["a"].rounds == [[{"role": "assistant"}]]
+    if damaged.get("run") != "b" or (damaged["type"] == "spawned" and where > 1):
+        assert runs["b"].finished["result"] == "r"

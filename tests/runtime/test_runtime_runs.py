@@ -143,3 +143,18 @@ async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_
     assert result[0].status == "finished"
     await after.shutdown()
     after.journal.close()
+
+
+async def test_a_run_the_journal_names_its_own_parent_is_restored_alone_and_can_be_cancelled(tmp_path):
+    journal = Journal(tmp_path)
+    journal.spawned("loop", spec("round and round", parent="loop").model_dump(), "c")
+    journal.close()
+    script = Script()
+    after = Runs(Journal(tmp_path), script.drive, script.on_end)
+    after.restore()
+    run = after.get("loop")
+    assert run.parent is None and list(run.subtree()) == [run] and list(run.ancestors()) == [run]
+    await asyncio.wait_for(after.cancel("loop"), 5)
+    assert run.status == "cancelled"
+    await after.shutdown()
+    after.journal.close()
