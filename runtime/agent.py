@@ -137,10 +137,14 @@ class Agent:
     ) -> None:
         """Answers every call of `assistant` not answered yet, then journals the whole round."""
         answered = {m.get("tool_call_id"): m for m in run.pending_results}
-        calls = [c for c in calls_in(assistant) if c.id not in answered]
+        every = calls_in(assistant)
+        calls = [c for c in every if c.id not in answered]
+        # The round's number among the run's rounds: the same when a round cut short is resumed.
+        round_number = sum(1 for m in run.messages if m.get("role") == "assistant")
 
         async def answer(call: ToolCall) -> None:
-            message = await self.tool_round_step(runs, run, call, offered)
+            key = idempotency_key(run.handle, round_number, every.index(call))
+            message = await self.tool_round_step(runs, run, call, offered, key)
             if message is not None:
                 answered[call.id] = message
                 runs.record_call(run, message)
@@ -169,10 +173,11 @@ class Agent:
         return body
 
     async def tool_round_step(
-        self, runs: Runs, run: Run, call: ToolCall, offered: dict[str, UpstreamTool]
+        self, runs: Runs, run: Run, call: ToolCall, offered: dict[str, UpstreamTool], key: str = ""
     ) -> dict[str, Any] | None:
         """Runs one call (or refuses it) and returns the role "tool" message answering it; None
-        when the run ended meanwhile (cancelled, or over a budget)."""
+        when the run ended meanwhile (cancelled, or over a budget). `key` goes to the tool server
+        as the call's idempotency key (`idempotency_key`)."""
         if run.counters["toolCalls"] >= run.spec.maxToolCalls:
             # Several calls in one reply can overrun the budget; the extra ones are not run.
             text = f"Error: not run: the tool-call budget of {run.spec.maxToolCalls} is spent; answer with what you have."
@@ -204,7 +209,7 @@ class Agent:
                     text = DECLINED_TEXT
                 else:
                     started = time.monotonic()
-                    result = await self.tool_servers.call(tool, arguments)
+                    result = await self.tool_servers.call(tool, arguments, idempotency_key=key)
                     run.counters["toolSeconds"] += time.monotonic() - started
                     failed = result.is_error
                     text = (
@@ -216,3 +221,11 @@ class Agent:
             run.counters["failedToolCalls"] += 1
             log.info("run %s: tool call %s failed: %s", run.handle, call.name, text[:200])
         return {"role": "tool", "tool_call_id": call.id, "content": text}
+
+
+def idempotency_key(handle: str, round_number: int, index: int) -> str:
+    """The key a tool call carries to its server: the run, the round (0 for the first) and the
+    call's place in it. A call made again after a restart (tool calls are at least once: one in
+    flight when the runtime died is not journaled as answered) carries the same key, so a server
+    that remembers keys can answer it without doing it twice."""
+    return f"{handle}/{round_number}/{index}"

@@ -10,6 +10,10 @@ that hit it fails, and the model is told so. A call that takes longer than `CALL
 fails the same way, so one hung tool server cannot hold a run forever.
 
 Tool names are global across servers: the first configured server offering a name wins.
+
+Tool calls are at least once: one in flight when the runtime dies is made again after the
+restart. Each carries an idempotency key in its request's `_meta` (`luftpause/idempotency-key`:
+run, round, call index), the same on the second try, for servers that can make a repeat a no-op.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ RETRY_S = 1.0
 STARTUP_GRACE_S = 15.0
 # Longest one tool call may take before the model is told it failed.
 CALL_TIMEOUT_S = 300.0
+# The `_meta` key naming a call's idempotency key (runtime/agent.py `idempotency_key`).
+IDEMPOTENCY_META_KEY = "luftpause/idempotency-key"
 
 
 class ToolServerUnavailable(Exception):
@@ -121,12 +127,14 @@ class ToolServer:
             )
             return
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Calls one tool; a transport failure becomes an error result and drops the connection."""
+    async def call(self, name: str, arguments: dict[str, Any], idempotency_key: str = "") -> ToolResult:
+        """Calls one tool; a transport failure becomes an error result and drops the connection.
+        A non-empty `idempotency_key` goes in the request's `_meta` (IDEMPOTENCY_META_KEY)."""
+        meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key else None
         try:
             async with self._lock:
                 client = await self._connected()
-            result = await asyncio.wait_for(client.call_tool(name, arguments), self.call_timeout_s)
+            result = await asyncio.wait_for(client.call_tool(name, arguments, meta=meta), self.call_timeout_s)
         except TimeoutError:
             await self._disconnect()
             return ToolResult(
@@ -240,9 +248,9 @@ class ToolServers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*pending), timeout_s)
 
-    async def call(self, tool: UpstreamTool, arguments: dict[str, Any]) -> ToolResult:
+    async def call(self, tool: UpstreamTool, arguments: dict[str, Any], idempotency_key: str = "") -> ToolResult:
         server = next(s for s in self.servers if s.name == tool.server)
-        return await server.call(tool.name, arguments)
+        return await server.call(tool.name, arguments, idempotency_key)
 
     async def close(self) -> None:
         for t in self._listers:

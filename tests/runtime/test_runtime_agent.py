@@ -31,6 +31,7 @@ BROKEN = UpstreamTool(
 class Tools:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict]] = []
+        self.keys: list[str] = []
 
     def catalog(self):
         return {"lookup": LOOKUP, "broken": BROKEN}, []
@@ -38,8 +39,9 @@ class Tools:
     async def settled(self) -> None:
         return None
 
-    async def call(self, tool: UpstreamTool, arguments: dict) -> ToolResult:
+    async def call(self, tool: UpstreamTool, arguments: dict, idempotency_key: str = "") -> ToolResult:
         self.calls.append((tool.name, arguments))
+        self.keys.append(idempotency_key)
         if tool.name == "broken":
             return ToolResult("it broke", is_error=True)
         return ToolResult(f"facts about {arguments['query']}", is_error=False)
@@ -249,3 +251,21 @@ async def test_a_transient_failure_that_outlasts_its_window_fails_the_turn(tmp_p
     assert run.status == "failed"
     assert "503: no scheduler (still so after retrying for 1 s)" in run.error
     assert len(engine.turns) > 3
+
+
+async def test_each_tool_call_carries_an_idempotency_key_of_run_round_and_place(tmp_path):
+    two_calls = completion(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "a"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "b"}'}},
+            ],
+        }
+    )
+    tools = Tools()
+    engine = Engine(two_calls, tool_call_reply("lookup", '{"query": "c"}', "c3"), text_reply("done"))
+    run = await run_to_end(tmp_path, engine, tools)
+    assert run.status == "finished"
+    assert tools.keys == [f"{run.handle}/0/0", f"{run.handle}/0/1", f"{run.handle}/1/0"]

@@ -111,4 +111,11 @@ async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_ca
     assert {t: after[t] for t in tasks} == {t: 3 - done_before[t] for t in tasks}
     in_flight_at_kill = len([1 for pid, _ in calls if pid == first_pid]) - sum(done_before.values())
     assert len(calls) == 3 * RUNS + in_flight_at_kill and in_flight_at_kill <= len(unfinished)
+    # Each call carries an idempotency key of its own; a call made again after the restart (it
+    # was in flight when the runtime died) carries the same key as the first time.
+    keys = [(e["pid"], e["key"]) for e in map(json.loads, calls_log.read_text().splitlines())]
+    assert all(key for _, key in keys)
+    assert len({key for _, key in keys}) == 3 * RUNS
+    first = {key for pid, key in keys if pid == first_pid}
+    assert sum(1 for pid, key in keys if pid != first_pid and key in first) == in_flight_at_kill
     assert "resuming after 1 journaled tool rounds" in log.read_text()

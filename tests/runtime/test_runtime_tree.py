@@ -47,7 +47,7 @@ class Tools:
     async def settled(self) -> None:
         return None
 
-    async def call(self, tool: UpstreamTool, arguments: dict) -> ToolResult:
+    async def call(self, tool: UpstreamTool, arguments: dict, idempotency_key: str = "") -> ToolResult:
         self.calls.append((tool.name, arguments))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)

@@ -3,8 +3,9 @@
 - `lookup(query)`: read-only; waits `--delay` seconds, then answers.
 - `delete_file(path)`: marked destructiveHint, so a sub-agent's call of it waits for approval.
 
-Every call is appended to `--log` as one JSON line ({"tool", "arguments"}) when it starts, so a
-test can count what the server received across runtime restarts. Served over stdio (the default;
+Every call is appended to `--log` as one JSON line ({"tool", "arguments", "pid", "key": the
+idempotency key in the request's `_meta`}) when it starts, so a test can count what the server
+received across runtime restarts. Served over stdio (the default;
 the runtime starts it as a child process) or over streamable HTTP with `--port`.
 
     python tests/runtime/tool_fixture.py --log calls.jsonl [--delay 0.5] [--port 9200]
@@ -17,23 +18,27 @@ import asyncio
 import json
 import os
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from luftpause.runtime.tool_servers import IDEMPOTENCY_META_KEY
 
 
 def create_server(log_path: str, delay_s: float) -> MCPServer:
     server = MCPServer(name="tool-fixture", version="1", log_level="WARNING")
 
-    def record(tool: str, arguments: dict) -> None:
+    def record(tool: str, arguments: dict, ctx: Context | None = None) -> None:
+        meta = (ctx.request_context.meta or {}) if ctx is not None else {}
+        entry = {"tool": tool, "arguments": arguments, "pid": os.getpid(), "key": meta.get(IDEMPOTENCY_META_KEY)}
         with open(log_path, "a") as f:
-            f.write(json.dumps({"tool": tool, "arguments": arguments, "pid": os.getpid()}) + "\n")
+            f.write(json.dumps(entry) + "\n")
             f.flush()
 
-    async def lookup(query: str) -> str:
+    async def lookup(query: str, ctx: Context) -> str:
         """Look up a short fact about the query."""
-        record("lookup", {"query": query})
+        record("lookup", {"query": query}, ctx)
         await asyncio.sleep(delay_s)
         return f"fact about {query}"
 
