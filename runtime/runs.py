@@ -296,6 +296,28 @@ class Runs:
         self._start(run)
         return run
 
+    async def spawn_durably(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
+        """`spawn`, acknowledged only once the journal has the run on disk. When it cannot be
+        written the run is taken back (its loop stopped, forgotten) and JournalError raised: a run
+        the journal does not have must not go on in memory."""
+        run = self.spawn(spec, caller, owner)
+        try:
+            await self.journal.durable()
+        except JournalError:
+            self._take_back(run)
+            raise
+        return run
+
+    def _take_back(self, run: Run) -> None:
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+        timer = self._timers.pop(run.handle, None)
+        if timer is not None:
+            timer.cancel()
+        if run.parent is not None:
+            run.parent.children.remove(run)
+        self._runs.pop(run.handle, None)
+
     def _add(self, run: Run) -> None:
         self._runs[run.handle] = run
         if run.spec.parent is not None:
@@ -321,6 +343,11 @@ class Runs:
         except asyncio.CancelledError:
             # Either a cancel (which ends the run itself) or shutdown (which must not end it).
             raise
+        except JournalError as e:
+            # A step could not be journaled (a full or failing disk): the run stops there, and
+            # whoever awaits it is told why. The journal still has it unfinished, so once the
+            # disk is fixed the next start resumes it from its last journaled step.
+            self.finish(run, "failed", error=f"journal: {e}")
         except Exception as e:
             log.exception("run %s: the loop crashed", run.handle)
             self.finish(run, "failed", error=f"internal error in the runtime: {type(e).__name__}: {e}")

@@ -176,9 +176,7 @@ class Runtime:
         await self._check_model(spec.model)
         if spec.tools is not None:
             await self._check_tool_names(spec.tools)
-        handle = self.runs.spawn(spec, who.caller, who.owner).handle
-        await self.journal.durable()
-        return handle
+        return (await self.runs.spawn_durably(spec, who.caller, who.owner)).handle
 
     async def _check_model(self, model: str) -> None:
         """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""

@@ -4,10 +4,13 @@ The sub-agent loop is replaced by a driver the test controls, so each case is ex
 """
 
 import asyncio
+import errno
 
 import pytest
 
+from luftpause.runtime import journal_writer
 from luftpause.runtime.journal import Journal, read_records
+from luftpause.runtime.journal_writer import JournalError
 from luftpause.runtime.runs import Run, Runs, RunSpec, UnknownRun
 
 
@@ -158,3 +161,45 @@ async def test_a_run_the_journal_names_its_own_parent_is_restored_alone_and_can_
     assert run.status == "cancelled"
     await after.shutdown()
     after.journal.close()
+
+
+def _fill_the_disk(monkeypatch) -> None:
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_writer.os, "fsync", full)
+
+
+async def test_a_run_whose_step_cannot_be_journaled_fails_saying_so(tmp_path, monkeypatch):
+    stepped = asyncio.Event()
+
+    async def one_step_then_wait(runs: Runs, run: Run) -> None:
+        await stepped.wait()
+        runs.record_round(run, [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}])
+        await runs.journal.durable()  # as a tool round is acknowledged
+        runs.finish(run, "finished", result="never")
+
+    registry = Runs(Journal(tmp_path), one_step_then_wait, Script().on_end)
+    run = await registry.spawn_durably(spec("t"), "c")
+    _fill_the_disk(monkeypatch)
+    stepped.set()
+    (result,), timed_out = await registry.wait([run.handle], "all", 5)
+    assert not timed_out and result.status == "failed"
+    assert result.error.startswith("journal: cannot write the journal") and "No space left on device" in result.error
+    await registry.shutdown()
+
+
+async def test_spawn_is_refused_while_the_journal_cannot_be_written_and_leaves_no_run(tmp_path, monkeypatch):
+    script = Script()
+    registry = Runs(Journal(tmp_path), script.drive, script.on_end)
+    _fill_the_disk(monkeypatch)
+    with pytest.raises(JournalError, match="No space left on device"):
+        await registry.spawn_durably(spec("first"), "c")  # the write of its own record fails
+    with pytest.raises(JournalError, match="No space left on device"):
+        await registry.spawn_durably(spec("second"), "c")  # and every one after
+    assert registry.roots() == [], "no run goes on in memory that the journal does not have"
+    loops = [t for t in asyncio.all_tasks() if t.get_name().startswith("run:")]
+    if loops:
+        await asyncio.wait(loops, timeout=5)
+    assert all(t.cancelled() for t in loops), "the loop of a run taken back is stopped"
+    await registry.shutdown()
