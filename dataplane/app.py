@@ -31,6 +31,7 @@ from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
 from luftpause.dataplane.proxy import Proxy, quiet_deliberate_cut_offs
+from luftpause.hosts import HostGuard, allowed_hosts
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def serve(config: lp_config.Config) -> None:
     log.info("dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler)
     server.raise_fd_limit(settings.max_connections)
     uvicorn.run(
-        create_app(config, token_from_env()),
+        HostGuard(create_app(config, token_from_env()), allowed_hosts(config)),
         host=settings.host,
         port=settings.port,
         http=server.protocol(settings.header_timeout_s, settings.max_connections),

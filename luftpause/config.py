@@ -139,6 +139,9 @@ class Config(_Strict):
     dataplane: DataplaneSettings = DataplaneSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     replicas: list[Replica] = Field(default_factory=_embedded_replicas, min_length=1)
+    # Host names (or addresses) the services' HTTP routes answer to besides those the config
+    # names itself and the loopback ones; ["*"]: any (luftpause/hosts.py).
+    allowed_hosts: list[str] = []
 
     @model_validator(mode="after")
     def _names_resolve(self) -> Config:

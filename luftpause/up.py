@@ -182,6 +182,7 @@ def plan(conf: cfg.Config, config_path: str | None, state_dir: str | None, with_
             ["scheduler", *with_config],
             f"http://127.0.0.1:{sched.status_port}/status",
             binds=[(sched.host, sched.grpc_port), (sched.host, sched.status_port)],
+            guarded=True,
         )
     )
     dp = conf.dataplane

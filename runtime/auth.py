@@ -22,14 +22,24 @@ GUARDED_PREFIXES = ("/mcp", "/status")
 UNAUTHORIZED = -32001
 
 
-def cors_headers() -> dict[str, str]:
-    """Any page may read the status document (the scheduler's status page fetches it)."""
+def cors_headers(origin: str | None) -> dict[str, str]:
+    """What lets the page of `origin` read the status document (the scheduler's status page
+    fetches it): only origins the host guard let through (luftpause/hosts.py) get this far, and
+    each is named back rather than allowing every page with "*"."""
+    if not origin:
+        return {}
     return {
-        "access-control-allow-origin": "*",
+        "access-control-allow-origin": origin,
+        "vary": "origin",
         "access-control-allow-methods": "GET, OPTIONS",
         "access-control-allow-headers": "authorization, content-type",
         "access-control-max-age": "600",
     }
+
+
+def origin_of(scope: Scope) -> str | None:
+    value = next((v for k, v in scope.get("headers", []) if k == b"origin"), None)
+    return value.decode("latin-1") if value is not None else None
 
 
 def token_matches(header: str | None, token: str) -> bool:
@@ -66,7 +76,7 @@ class BearerAuth:
         error: dict[str, object] = {"message": f"{message}: send Authorization: Bearer <{TOKEN_ENV}>"}
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
         if path == "/status" or path.startswith("/status/"):
-            headers.extend((k.encode(), v.encode()) for k, v in cors_headers().items())
+            headers.extend((k.encode(), v.encode("latin-1")) for k, v in cors_headers(origin_of(scope)).items())
             body = json.dumps({"error": error})
         else:
             # A JSON-RPC error, which MCP clients raise as this message instead of a bare 401.

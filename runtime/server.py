@@ -2,8 +2,8 @@
 
 `POST /mcp` speaks both wires of the `mcp` SDK: legacy stateful sessions (initialize, then
 mcp-session-id) and the sessionless 2026-07-28 protocol. `GET /status` returns the run tree as
-JSON, with permissive CORS headers so that the scheduler's status page can show it. Each spawned
-run is a sub-agent whose loop (agent.py) runs as an asyncio task in this process; every run is
+JSON, with CORS headers for the allowed origins so that the scheduler's status page can show it.
+Each spawned run is a sub-agent whose loop (agent.py) runs as an asyncio task in this process; every run is
 journaled (journal.py) and restored when the runtime starts again; one runtime at a time may use
 a state directory (state_lock.py).
 
@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 
 from luftpause import __version__, logs
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
+from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.runtime.agent import Agent, caller_header
 from luftpause.runtime.approvals import Approval, ApprovalForm, answer_of, needs_approval
 from luftpause.runtime.arguments import readable_arguments_error
@@ -620,9 +621,10 @@ def build_mcp(runtime: Runtime) -> MCPServer:
 
     @mcp.custom_route("/status", methods=["GET", "OPTIONS"])
     async def status_route(request: Request) -> Response:
+        cors = cors_headers(request.headers.get("origin"))
         if request.method == "OPTIONS":
-            return Response(status_code=204, headers=cors_headers())
-        return JSONResponse(runtime.status_document(), headers=cors_headers())
+            return Response(status_code=204, headers=cors)
+        return JSONResponse(runtime.status_document(), headers=cors)
 
     return mcp
 
@@ -643,6 +645,8 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
     app = mcp.streamable_http_app(host=config.runtime.host)
     if token is not None:
         app.add_middleware(BearerAuth, token=token, operator_token=operator_token)
+    # Added last, so it runs first: a foreign Host or Origin is refused before anything else.
+    app.add_middleware(HostGuard, allowed=allowed_hosts(config))
     session_manager_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

@@ -27,6 +27,7 @@ import uvicorn
 from luftpause import config as _config
 from luftpause.config import TOKEN_ENV
 from luftpause.dataplane.auth import bearer_matches
+from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.proto import pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
@@ -324,7 +325,10 @@ async def _main(config: _config.Config) -> None:
 
     status = _StatusServer(
         uvicorn.Config(
-            build_app(lambda: host.state, host.clock), log_level="warning", access_log=False, lifespan="off"
+            HostGuard(build_app(lambda: host.state, host.clock, token), allowed_hosts(config)),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
         )
     )
     tasks = [

@@ -6,8 +6,9 @@ running and waiting counts; the turns held here by class and by caller with the 
 the runs by phase, by class and by caller. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
-runtime's own GET /status (which sends the CORS headers that allow it). The server runs on the
-host's event loop, so each answer is a consistent snapshot of one state.
+runtime's own GET /status (which sends the CORS headers that allow it). With `LUFTPAUSE_TOKEN` set
+the documents need the token, which the page, opened as `/?token=...`, sends. The server runs on
+the host's event loop, so each answer is a consistent snapshot of one state.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
+from luftpause.config import TOKEN_ENV
+from luftpause.dataplane.auth import bearer_matches
 from luftpause.scheduler import admission
 from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
 
@@ -111,21 +114,35 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
-def build_app(current: Callable[[], State], clock: Callable[[], float]) -> FastAPI:
-    """The status app; `current` returns the host's state now, `clock` the time on the events' clock."""
+def build_app(current: Callable[[], State], clock: Callable[[], float], token: str | None = None) -> FastAPI:
+    """The status app; `current` returns the host's state now, `clock` the time on the events' clock.
+
+    With `token`, the documents need it as a bearer (401 otherwise); the page itself holds no
+    data and stays open, and sends the token it is given as `/?token=...` with its requests.
+    """
     app = FastAPI(title="luftpause scheduler status", docs_url=None, redoc_url=None, openapi_url=None)
     page = resources.files("luftpause.scheduler").joinpath("status.html").read_text()
+    secret = token.encode() if token else None
+
+    def authorized(request: Request) -> None:
+        if secret is None:
+            return
+        header = request.headers.get("authorization")
+        if not bearer_matches(header.encode("latin-1") if header else None, secret):
+            raise HTTPException(
+                401, f"missing or wrong bearer token (see {TOKEN_ENV}); open the page as /?token=<token>"
+            )
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         # Unknown paths and wrong methods answer in the house error shape too.
         return _error(exc.status_code, str(exc.detail))
 
-    @app.get("/status")
+    @app.get("/status", dependencies=[Depends(authorized)])
     async def status() -> JSONResponse:
         return JSONResponse(status_document(current(), clock()))
 
-    @app.get("/status/runs/{run_id}")
+    @app.get("/status/runs/{run_id}", dependencies=[Depends(authorized)])
     async def run(run_id: str) -> JSONResponse:
         doc = run_document(current(), run_id, clock())
         if doc is None:

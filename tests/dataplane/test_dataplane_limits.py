@@ -96,3 +96,17 @@ def test_a_utf8_run_id_is_kept_and_echoed_in_the_bytes_the_client_sent(real_stac
         r = client.delete(f"/v1/runs/{urllib.parse.quote(run_id)}")
         assert r.status_code == 204
         assert _run_id_header(r) == sent
+
+
+def test_a_foreign_host_or_a_page_of_another_site_is_refused(real_stack: RealStack):
+    """DNS rebinding (a page whose own name resolves to 127.0.0.1) and cross-site calls from a
+    browser: whatever the bind address, only the hosts the config knows are answered."""
+    with real_stack.client() as client:
+        rebound = client.post("/v1/chat/completions", json=_body(uuid.uuid4().hex), headers={"host": "evil.example"})
+        assert rebound.status_code == 403
+        assert "'evil.example'" in rebound.json()["error"]["message"]
+        assert "allowed_hosts" in rebound.json()["error"]["message"]
+        cross_site = client.get("/v1/models", headers={"origin": "https://evil.example"})
+        assert cross_site.status_code == 403
+        assert client.get("/v1/models", headers={"host": "localhost:1234"}).status_code == 200
+        assert client.get("/v1/models", headers={"origin": "http://127.0.0.1:5001"}).status_code == 200

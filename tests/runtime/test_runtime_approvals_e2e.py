@@ -395,8 +395,9 @@ async def test_status_shows_the_tree_with_cors_and_cancel_reaches_children(runti
         awaited = await call(client, "await", handles=children, timeout=10)
     assert {r["status"] for r in awaited["runs"]} == {"cancelled"}
 
+    # The scheduler's status page (another port of this machine) may read it: its origin is named back.
     response = await http_request("GET", runtime.status_url, headers={"origin": "http://127.0.0.1:5001"})
-    assert response.headers["access-control-allow-origin"] == "*"
+    assert response.headers["access-control-allow-origin"] == "http://127.0.0.1:5001"
     (root,) = [n for n in response.json()["tree"] if n["handle"] == parent]
     assert [c["handle"] for c in root["children"]] == children
     for key in ("turns", "toolCalls", "failedToolCalls", "promptTokens", "completionTokens", "turnSeconds"):
@@ -404,9 +405,18 @@ async def test_status_shows_the_tree_with_cors_and_cancel_reaches_children(runti
             root["own"][key] + sum(c["own"][key] for c in root["children"]), abs=0.01
         )
     preflight = await http_request(
-        "OPTIONS", runtime.status_url, headers={"origin": "http://x", "access-control-request-method": "GET"}
+        "OPTIONS",
+        runtime.status_url,
+        headers={"origin": "http://localhost:5001", "access-control-request-method": "GET"},
     )
-    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == "*"
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == "http://localhost:5001"
+    # A page of any other site may not, nor a request naming a foreign host (DNS rebinding).
+    foreign = await http_request("GET", runtime.status_url, headers={"origin": "http://evil.example"})
+    assert foreign.status_code == 403 and "access-control-allow-origin" not in foreign.headers
+    assert "allowed_hosts" in foreign.json()["error"]["message"]
+    rebound = await http_request("GET", runtime.status_url, headers={"host": "evil.example:7000"})
+    assert rebound.status_code == 403
 
 
 async def test_the_token_guards_mcp_and_status(tmp_path, backends):  # noqa: F811

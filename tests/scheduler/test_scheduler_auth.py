@@ -24,7 +24,10 @@ MODEL = "fake-llama"
 
 
 def _status(ports: Ports) -> dict:
-    return httpx.get(f"http://127.0.0.1:{ports.status}/status", timeout=5).json()
+    # The status documents want the token too when the scheduler has one.
+    r = httpx.get(f"http://127.0.0.1:{ports.status}/status", headers={"authorization": f"Bearer {TOKEN}"}, timeout=5)
+    r.raise_for_status()
+    return r.json()
 
 
 async def _refused(target: str, metadata: tuple[tuple[str, str], ...] | None) -> list[str]:
@@ -98,6 +101,13 @@ def test_without_the_token_every_call_is_refused_and_the_dataplane_still_serves(
             assert in_flight() == [r["in_flight"] for r in before["replicas"]]
         # The client left: the dataplane says so on its report stream, which the scheduler takes.
         wait_until(lambda: sum(in_flight()) == 0, what="the turn's end to reach the scheduler")
+        # Its status documents need the token as well; its page holds no data and stays open.
+        status = f"http://127.0.0.1:{ports.status}"
+        assert httpx.get(f"{status}/status", timeout=5).status_code == 401
+        assert httpx.get(f"{status}/status/runs/x", timeout=5).status_code == 401
+        assert httpx.get(f"{status}/", timeout=5).status_code == 200
+        # And it answers only to the names the config knows (no DNS rebinding).
+        assert httpx.get(f"{status}/", headers={"host": "evil.example"}, timeout=5).status_code == 403
     assert "the scheduler's gRPC port takes calls from anyone" not in scheduler.output()
 
 
