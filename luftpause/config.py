@@ -122,6 +122,9 @@ class RuntimeSettings(_Strict):
     dataplane: str = f"http://127.0.0.1:{DATAPLANE_PORT}"
     state_dir: str = "state"
     default_model: str = DEFAULT_MODEL
+    # How long a finished run stays in memory and in runs.jsonl before it moves to archive.jsonl,
+    # from which await still answers for it (runtime/journal.py).
+    retention_s: float = Field(default=86400.0, ge=60)
     mcp_servers: list[McpServer] = [McpServer(name="fake-mcp", url=f"http://127.0.0.1:{FAKE_MCP_PORT}/mcp")]
 
 

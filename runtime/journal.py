@@ -42,6 +42,19 @@ A run's conversation is its spawned record's system and task messages followed b
 of its rounds in order, then the pending turn and its finished calls if a round was cut short:
 this is what replay hands back to resume an unfinished run.
 
+Finished runs do not stay for ever. At each start the journal is compacted: of a finished run
+only its `spawned` and `finished` records are kept (its rounds are never read again), and a run
+tree whose runs all finished longer ago than the retention window (`[runtime] retention_s`) moves
+to `archive.jsonl`, one record per run, from which `await` and the other tools still answer:
+
+    {"v":1,"type":"archived","run":H,"at":T,"spec":{...},"caller":C,"owner":O,"status":S,
+     "result":R,"error":E,<counters>}
+        T is when the run finished.
+
+The new runs.jsonl is written beside the old one and renamed over it, so a crash leaves one or
+the other whole; the archive is written (and fsynced) first, and a run already there is not
+archived twice.
+
 Readers skip a line that is not a JSON object, with a warning: after a crash the last line may be
 torn. Unknown record types and unknown keys are ignored, so later versions can add both. A record
 whose fields have the wrong types (an edited or damaged file) is skipped with a warning too, and so
@@ -65,6 +78,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 FILE_NAME = "runs.jsonl"
+ARCHIVE_NAME = "archive.jsonl"
 
 COUNTERS = (
     "toolCalls",
@@ -170,6 +184,137 @@ class Journal:
         """Every run the journal knows, in spawn order."""
         self.writer.flush()
         return replay_file(self.path)
+
+    # -- keeping it small ---------------------------------------------------------------------------
+
+    @property
+    def archive_path(self) -> Path:
+        return self.path.with_name(ARCHIVE_NAME)
+
+    def compact(self, retention_s: float, now: float | None = None) -> int:
+        """Rewrites runs.jsonl as the module says, before anything else is appended at start;
+        returns how many runs went to the archive."""
+        now = time.time() if now is None else now
+        self.writer.flush()
+        records = read_records(self.path)
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            handle = record.get("run")
+            if isinstance(handle, str) and (handle in by_run or record.get("type") == "spawned"):
+                by_run.setdefault(handle, []).append(record)
+        runs = {r.handle: r for r in replay_file(self.path)}
+        children: dict[str, list[str]] = {}
+        for run in runs.values():
+            parent = run.spec.get("parent")
+            if isinstance(parent, str) and parent in runs and parent != run.handle:
+                children.setdefault(parent, []).append(run.handle)
+        archived = archived_handles(self.archive_path)
+        # Old trees, and runs that left memory for the archive while the last process ran.
+        leaving = set(_old_trees(runs, children, retention_s, now))
+        leaving |= {h for h in archived if h in runs and runs[h].finished is not None}
+        kept: list[dict[str, Any]] = []
+        for handle, own in by_run.items():
+            run = runs.get(handle)
+            if handle in leaving:
+                continue
+            # A run replay could not read stays as it was: it is the evidence of what went wrong.
+            kept.extend(own if run is None or run.finished is None else [own[0], run.finished])
+        if not leaving and len(kept) == len(records):
+            return 0
+        fresh = [_archived_record(runs[h]) for h in runs if h in leaving and h not in archived]
+        if fresh:
+            _append_durably(self.archive_path, fresh)
+        self.writer.close_file(self.path)
+        _replace_durably(self.path, kept)
+        self.writer.open(self.path)
+        log.info("journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh))
+        return len(fresh)
+
+    def archive(self, runs: list[ReplayedRun]) -> None:
+        """Appends runs leaving memory to the archive (durably, before they are forgotten)."""
+        known = archived_handles(self.archive_path)
+        fresh = [_archived_record(r) for r in runs if r.handle not in known]
+        if fresh:
+            _append_durably(self.archive_path, fresh)
+
+    def archived(self, handle: str) -> dict[str, Any] | None:
+        """The archive's record of a run, or None."""
+        return next((r for r in read_records(self.archive_path) if r.get("run") == handle), None)
+
+
+def archived_handles(path: Path) -> set[str]:
+    return {r["run"] for r in read_records(path) if r.get("type") == "archived" and isinstance(r.get("run"), str)}
+
+
+def _old_trees(
+    runs: dict[str, ReplayedRun], children: dict[str, list[str]], retention_s: float, now: float
+) -> list[str]:
+    """The runs of every tree (from its root) whose runs all finished more than `retention_s` ago."""
+    leaving: list[str] = []
+    for run in runs.values():
+        parent = run.spec.get("parent")
+        if isinstance(parent, str) and parent in runs and parent != run.handle:
+            continue  # not a root: it goes with its tree
+        tree, stack = [], [run.handle]
+        while stack:
+            handle = stack.pop()
+            tree.append(handle)
+            stack.extend(children.get(handle, ()))
+        ends = [runs[h].finished for h in tree]
+        if all(e is not None and now - _finished_at(e) > retention_s for e in ends):
+            leaving.extend(tree)
+    return leaving
+
+
+def _finished_at(record: dict[str, Any]) -> float:
+    try:
+        return float(record.get("at") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _archived_record(run: ReplayedRun) -> dict[str, Any]:
+    end = run.finished or {}
+    return {
+        "v": FORMAT_VERSION,
+        "type": "archived",
+        "run": run.handle,
+        "at": _finished_at(end),
+        "spec": run.spec,
+        "caller": run.caller,
+        "owner": run.owner,
+        "spawnedAt": run.spawned_at,
+        "status": end.get("status"),
+        "result": end.get("result"),
+        "error": end.get("error"),
+        **rounded(run.counters),
+    }
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _append_durably(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.writelines(_line(r) for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _replace_durably(path: Path, records: list[dict[str, Any]]) -> None:
+    """`path` holds `records` afterwards, or (after a crash) what it held before: never a mix."""
+    fresh = path.with_name(path.name + ".compacting")
+    with fresh.open("w", encoding="utf-8") as f:
+        f.writelines(_line(r) for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(fresh, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import BUDGET_KINDS, BudgetView, exceeded_message, subtree_used
-from luftpause.runtime.journal import Journal, new_counters
+from luftpause.runtime.journal import Journal, ReplayedRun, new_counters, read_counters
 from luftpause.runtime.journal_writer import JournalError
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ class Run:
     owner: str | None = None
     # Restored from the journal by this process, rather than spawned in it.
     restored: bool = False
+    # When it ended (Unix time), for the retention window; None while it runs.
+    finished_at: float | None = None
 
     @property
     def running(self) -> bool:
@@ -262,10 +264,14 @@ class Runs:
         return iter(list(self._runs.values()))
 
     def get(self, handle: str) -> Run:
-        try:
-            return self._runs[handle]
-        except KeyError:
-            raise UnknownRun(handle) from None
+        """The run, live or restored; one that left memory for the archive is read from there."""
+        run = self._runs.get(handle)
+        if run is not None:
+            return run
+        archived = self.journal.archived(handle)
+        if archived is None:
+            raise UnknownRun(handle)
+        return _from_archive(archived)
 
     def roots(self) -> list[Run]:
         return [r for r in self._runs.values() if r.parent is None]
@@ -392,6 +398,7 @@ class Runs:
             # of the journal's failure, and the next start resumes it.
             log.error("run %s: its end is not journaled (%s); it resumes on the next start", run.handle, e)
         run.status, run.result, run.error = status, result, error
+        run.finished_at = time.time()
         for approval in run.approvals.values():
             approval.abandon()
         run.approvals.clear()
@@ -562,8 +569,12 @@ class Runs:
 
     # -- restart ----------------------------------------------------------------------------------
 
-    def restore(self) -> None:
-        """Rebuilds runs from the journal; unfinished ones resume from their last journaled step."""
+    def restore(self, retention_s: float | None = None) -> None:
+        """Rebuilds runs from the journal; unfinished ones resume from their last journaled step.
+        With `retention_s`, the journal is compacted first (journal.py): finished trees older than
+        that go to the archive and are not loaded."""
+        if retention_s is not None:
+            self.journal.compact(retention_s)
         resumed = 0
         for replayed in self.journal.replay():
             try:
@@ -592,6 +603,7 @@ class Runs:
                 run.status = status if status in ("finished", "failed", "cancelled") else "failed"
                 run.result = replayed.finished.get("result")
                 run.error = replayed.finished.get("error")
+                run.finished_at = _number(replayed.finished.get("at"))
                 run.done.set()
             self._add(run)
         for run in self._runs.values():
@@ -613,6 +625,24 @@ class Runs:
         if self._runs:
             log.info("journal: %d runs restored, %d of them resumed", len(self._runs), resumed)
 
+    async def evict(self, retention_s: float, now: float | None = None) -> int:
+        """Moves every run tree whose runs all finished more than `retention_s` ago from memory to
+        the archive (written off the event loop, durably, first), which answers for them from
+        then on; returns how many runs left. Their records leave runs.jsonl at the next start."""
+        now = time.time() if now is None else now
+        leaving: list[Run] = []
+        for root in self.roots():
+            tree = list(root.subtree())
+            if all(not r.running and r.finished_at is not None and now - r.finished_at > retention_s for r in tree):
+                leaving.extend(tree)
+        if not leaving:
+            return 0
+        await asyncio.to_thread(self.journal.archive, [_replayed(r) for r in leaving])
+        for r in leaving:
+            self._runs.pop(r.handle, None)
+        log.info("%d finished runs older than %.0f s moved to the archive", len(leaving), retention_s)
+        return len(leaving)
+
     async def shutdown(self) -> None:
         """Stops every loop without ending its run, so that the next start resumes it."""
         tasks = [r.task for r in self._runs.values() if r.task is not None and not r.task.done()]
@@ -624,3 +654,48 @@ class Runs:
             await asyncio.wait(tasks, timeout=10)
         with contextlib.suppress(JournalError):
             await self.journal.durable()
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _replayed(run: Run) -> ReplayedRun:
+    """A finished run as the archive records it."""
+    return ReplayedRun(
+        handle=run.handle,
+        spec=run.spec.model_dump(),
+        caller=run.caller,
+        spawned_at=run.created_at,
+        owner=run.owner,
+        counters=dict(run.counters),
+        finished={"at": run.finished_at, "status": run.status, "result": run.result, "error": run.error},
+    )
+
+
+def _from_archive(record: dict[str, Any]) -> Run:
+    """A finished run read back from its archive record (its conversation is not kept)."""
+    try:
+        spec = RunSpec.model_validate(record.get("spec") or {})
+    except ValueError:
+        spec = RunSpec(task="(unreadable in the archive)", model="")
+    status = record.get("status")
+    run = Run(
+        handle=str(record["run"]),
+        spec=spec,
+        caller=record.get("caller") if isinstance(record.get("caller"), str) else None,
+        created_at=_number(record.get("spawnedAt")) or 0.0,
+        messages=[],
+        counters={**new_counters(), **read_counters(record)},
+        status=status if status in ("finished", "failed", "cancelled") else "failed",
+        result=record.get("result"),
+        error=record.get("error"),
+        owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
+        restored=True,
+        finished_at=_number(record.get("at")),
+    )
+    run.done.set()
+    return run

@@ -19,6 +19,7 @@ returns in a sentence or two.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import json
@@ -138,14 +139,28 @@ class Runtime:
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model)
         self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run)
         self.tasks = Tasks(self.state_dir, self.runs, self.writer)
+        self._evicting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.tool_servers.start()
-        self.runs.restore()
+        retention_s = self.config.runtime.retention_s
+        self.runs.restore(retention_s)
         self.tasks.restore()
+        self._evicting = asyncio.create_task(self._evict_every(min(retention_s / 10, 600.0)), name="evict")
         log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
 
+    async def _evict_every(self, period_s: float) -> None:
+        """Finished runs older than the retention window leave memory for the archive."""
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self.runs.evict(self.config.runtime.retention_s)
+            except OSError as e:
+                log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
+
     async def stop(self) -> None:
+        if self._evicting is not None:
+            self._evicting.cancel()
         await self.runs.shutdown()
         await self.tasks.close()
         await self.tool_servers.close()

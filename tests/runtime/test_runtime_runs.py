@@ -203,3 +203,61 @@ async def test_spawn_is_refused_while_the_journal_cannot_be_written_and_leaves_n
         await asyncio.wait(loops, timeout=5)
     assert all(t.cancelled() for t in loops), "the loop of a run taken back is stopped"
     await registry.shutdown()
+
+
+async def test_old_finished_trees_move_to_the_archive_and_still_answer(tmp_path):
+    script = Script()
+    before = Runs(Journal(tmp_path), script.drive, script.on_end)
+    old = before.spawn(spec("old"), "c")
+    child = before.spawn(spec("old child", parent=old.handle), "c")
+    recent = before.spawn(spec("recent"), "c")
+    open_run = before.spawn(spec("open"), "c")
+    for r in (old, child, recent):
+        script.finish(r.handle)
+    await before.wait([old.handle, child.handle, recent.handle], "all", 5)
+    before.record_round(open_run, [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                                   {"role": "tool", "tool_call_id": "c1", "content": "r"}])  # fmt: skip
+    await before.journal.durable()
+    # While it runs: a tree all finished longer ago than the window leaves memory, and answers.
+    later = old.finished_at + 100
+    recent.finished_at = later - 10  # as if it had ended well after the others
+    assert await before.evict(retention_s=50, now=later) == 2
+    assert {r.handle for r in before} == {recent.handle, open_run.handle}
+    (answer,), _ = await before.wait([old.handle], "all", 0)
+    assert (answer.status, answer.result) == ("finished", "answer to old")
+    await before.shutdown()
+    before.journal.close()
+
+    # At the next start the journal is compacted: finished runs keep two records, old trees none.
+    lines_before = len(read_records(tmp_path / "runs.jsonl"))
+    second = Script()
+    after = Runs(Journal(tmp_path), second.drive, second.on_end)
+    after.restore(retention_s=1e9)  # nothing newly old: only the rounds of finished runs go
+    records = read_records(tmp_path / "runs.jsonl")
+    assert len(records) < lines_before
+    assert [r["type"] for r in records if r["run"] == recent.handle] == ["spawned", "finished"]
+    assert [r["type"] for r in records if r["run"] == open_run.handle] == ["spawned", "round"]
+    assert after.get(child.handle).result == "answer to old child", "the archive answers after a restart"
+    await asyncio.sleep(0)
+    assert [h for h, _ in second.started] == [open_run.handle]
+    assert second.started[0][1][-1] == {"role": "tool", "tool_call_id": "c1", "content": "r"}
+    await after.shutdown()
+    after.journal.close()
+
+
+async def test_a_compaction_at_start_archives_old_trees_once(tmp_path):
+    script = Script()
+    before = Runs(Journal(tmp_path), script.drive, script.on_end)
+    done = before.spawn(spec("done"), "c")
+    script.finish(done.handle)
+    await before.wait([done.handle], "all", 5)
+    await before.shutdown()
+    before.journal.close()
+    for _ in range(2):  # a second start finds nothing more to do
+        after = Runs(Journal(tmp_path), Script().drive, Script().on_end)
+        after.restore(retention_s=0)
+        assert list(after) == [] and after.get(done.handle).status == "finished"
+        await after.shutdown()
+        after.journal.close()
+    assert [r["run"] for r in read_records(tmp_path / "archive.jsonl")] == [done.handle]
+    assert read_records(tmp_path / "runs.jsonl") == []
