@@ -30,6 +30,7 @@ from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
+from luftpause.dataplane.openapi import describe_turn_routes
 from luftpause.dataplane.proxy import Proxy, quiet_deliberate_cut_offs
 from luftpause.hosts import HostGuard, allowed_hosts
 
@@ -84,6 +85,14 @@ def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
     app.router.routes.append(Route(DataplaneApp.turn_path, endpoint=proxy, methods=["POST"]))
     app.router.routes.append(Route("/v1/decide", endpoint=Decide(proxy), methods=["POST"]))
     app.add_middleware(BearerAuth, gate=gate)
+    generated = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = describe_turn_routes(generated(), DataplaneApp.turn_path, "/v1/decide")
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> Response:

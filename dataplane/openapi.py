@@ -1,0 +1,130 @@
+"""The OpenAPI description of the turn routes, which FastAPI does not see.
+
+`POST /v1/chat/completions` and `POST /v1/decide` are served by the proxy itself, beside FastAPI
+(app.py says why), so FastAPI's generated document lacks them. `describe_turn_routes` adds both,
+with the luftpause headers and every status the dataplane answers with itself, so that clients
+and fuzzers (the schemathesis test) see the whole API in `/openapi.json`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from luftpause.dataplane import headers
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {"type": "object", "required": ["message"], "properties": {"message": {"type": "string"}}}
+    },
+}
+
+_LUFTPAUSE_HEADERS = [
+    {
+        "name": headers.RUN_ID,
+        "in": "header",
+        "required": False,
+        "description": "the run this turn belongs to: UTF-8, at most 256 bytes",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": headers.SERVICE_CLASS,
+        "in": "header",
+        "required": False,
+        "description": "interactive (the default) or batch",
+        "schema": {"type": "string", "enum": ["interactive", "batch"]},
+    },
+    {
+        "name": headers.CALLER,
+        "in": "header",
+        "required": False,
+        "description": "who is asking, for fairness; cut at 128 bytes",
+        "schema": {"type": "string"},
+    },
+]
+
+_REFUSALS = {
+    "400": "the body or a luftpause header is malformed",
+    "401": "LUFTPAUSE_TOKEN is set and the bearer is missing or wrong",
+    "403": "the Host or Origin is not one this dataplane answers to",
+    "404": "no replica of the pool serves the model",
+    "413": "the body is longer than [dataplane] max_body_bytes",
+    "502": "the placed replica's engine could not be reached or broke off",
+    "503": "the scheduler failed the admission, or the dataplane is stopping",
+    "504": "the engine took the request and sent nothing within its first-byte timeout",
+}
+
+
+def _responses(ok: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": ok}
+    for status, why in _REFUSALS.items():
+        out[status] = {"description": why, "content": {"application/json": {"schema": _ERROR}}}
+    return out
+
+
+_CHAT = {
+    "post": {
+        "summary": "One turn of a run: the engine's chat completion, streamed or whole",
+        "operationId": "chat_completions",
+        "parameters": _LUFTPAUSE_HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["model", "messages"],
+                        "properties": {
+                            "model": {"type": "string"},
+                            "messages": {"type": "array", "items": {"type": "object"}},
+                            "stream": {"type": "boolean"},
+                            "max_tokens": {"type": "integer", "minimum": 0},
+                            "tools": {"type": "array", "items": {"type": "object"}},
+                        },
+                    }
+                }
+            },
+        },
+        "responses": _responses(
+            {
+                "description": "the engine's reply, passed through (an engine's own error status too)",
+                "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
+            }
+        ),
+    }
+}
+
+_DECIDE = {
+    "post": {
+        "summary": "One quick classification: a single-pass classifier, or a generative model's pick",
+        "operationId": "decide",
+        "parameters": _LUFTPAUSE_HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["model", "input"],
+                        "properties": {
+                            "model": {"type": "string"},
+                            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                            "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 20},
+                        },
+                    }
+                }
+            },
+        },
+        "responses": _responses(
+            {"description": "the classification (vLLM's /classify shape)", "content": {"application/json": {}}}
+        ),
+    }
+}
+
+
+def describe_turn_routes(document: dict[str, Any], turn_path: str, decide_path: str) -> dict[str, Any]:
+    """`document` (FastAPI's) with the two turn routes added."""
+    document.setdefault("paths", {})[turn_path] = _CHAT
+    document["paths"][decide_path] = _DECIDE
+    return document
