@@ -1,0 +1,248 @@
+"""The soak: a whole stack under steady load for minutes, and whether anything in it grows.
+
+`luftpause up --with-fakes` on ports of its own; own-loop agents (`luftpause loadgen`, streamed
+turns, one interactive and one batch process) through the proxy, and sub-agents over MCP spawned
+in waves and awaited, for `--duration-s` (600). Every `--every-s` (10) the resident memory and
+the open file descriptors of every service are read from /proc (Linux). At the end, with the
+load stopped: each service's growth from the median of the first minute to the median of the
+last, and the scheduler's in-flight and held counts, which must be back to zero. A markdown
+table and the JSON under bench/results/, and a PNG of the series.
+
+    luftpause bench soak [--duration-s 600] [--every-s 10] [--agents 8] [--spawn 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from mcp import Client
+
+from luftpause.bench import results
+
+SERVICES = ("scheduler", "dataplane", "runtime", "fake-a", "fake-b", "fake-mcp")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(directory: Path) -> tuple[Path, dict[str, int]]:
+    ports = {name: _port() for name in ("grpc", "status", "dataplane", "runtime", "mcp", "a", "b")}
+    path = directory / "luftpause.toml"
+    path.write_text(
+        f"""
+[scheduler]
+grpc_port = {ports["grpc"]}
+status_port = {ports["status"]}
+
+[dataplane]
+port = {ports["dataplane"]}
+scheduler = "127.0.0.1:{ports["grpc"]}"
+
+[runtime]
+port = {ports["runtime"]}
+dataplane = "http://127.0.0.1:{ports["dataplane"]}"
+state_dir = "{directory / "state"}"
+
+[[runtime.mcp_servers]]
+name = "fake-mcp"
+url = "http://127.0.0.1:{ports["mcp"]}/mcp"
+
+[[replicas]]
+name = "fake-a"
+url = "http://127.0.0.1:{ports["a"]}"
+models = ["fake-llama"]
+
+[[replicas]]
+name = "fake-b"
+url = "http://127.0.0.1:{ports["b"]}"
+models = ["fake-llama"]
+"""
+    )
+    return path, ports
+
+
+def _pids(log: Path) -> dict[str, int]:
+    found = re.findall(r"(?:started|restarted) (\S+) \(pid (\d+)", log.read_text(errors="replace"))
+    return {name: int(pid) for name, pid in found}
+
+
+def _sample(pid: int) -> tuple[float, int]:
+    """(resident MiB, open file descriptors) of a process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kb = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _sub_agents(url: str, per_wave: int, until: float, counts: dict[str, int]) -> None:
+    wave = 0
+    while time.monotonic() < until:
+        wave += 1
+        async with Client(url) as client:
+            handles = []
+            for i in range(per_wave):
+                res = await client.call_tool("spawn", {"task": f"Soak wave {wave}, task {i}: look up a river."})
+                if res.is_error:
+                    counts["spawn_errors"] += 1
+                    continue
+                handles.append(res.structured_content["handle"])
+            if handles:
+                done = await client.call_tool("await", {"handles": handles, "mode": "all", "timeout": 300})
+                for run in (done.structured_content or {}).get("runs", []):
+                    counts[run["status"]] = counts.get(run["status"], 0) + 1
+
+
+def _growth(series: list[float], every_s: float) -> dict[str, float]:
+    window = max(1, int(60 / every_s))
+    first, last = statistics.median(series[:window]), statistics.median(series[-window:])
+    return {"first_min": round(first, 1), "last_min": round(last, 1), "growth": round(last - first, 1)}
+
+
+def _plot(samples: list[dict[str, Any]], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (rss, fds) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for name in SERVICES:
+        t = [s["t"] for s in samples if name in s["services"]]
+        rss.plot(t, [s["services"][name]["rss_mib"] for s in samples if name in s["services"]], label=name)
+        fds.plot(t, [s["services"][name]["fds"] for s in samples if name in s["services"]], label=name)
+    rss.set_ylabel("resident MiB")
+    fds.set_ylabel("open fds")
+    fds.set_xlabel("seconds")
+    rss.legend(loc="upper left", fontsize=8)
+    rss.set_title("luftpause bench soak: every service under steady load")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(duration_s: float, every_s: float, agents: int, spawn: int) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="luftpause-soak-"))
+    config, ports = _config(workdir)
+    log = workdir / "up.log"
+    cli = [sys.executable, "-m", "luftpause"]
+    with log.open("wb") as out:
+        up = subprocess.Popen([*cli, "up", "--config", str(config), "--with-fakes"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while "luftpause is up" not in log.read_text(errors="replace"):
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"luftpause up did not come up:\n{log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        dataplane = f"http://127.0.0.1:{ports['dataplane']}"
+        loads = [
+            subprocess.Popen(
+                [*cli, "loadgen", "--url", dataplane, "--agents", str(agents), "--duration-s", str(duration_s),
+                 "--class", cls, "--caller", f"soak-{cls}", "--stream", "--seed", cls],  # fmt: skip
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for cls in ("interactive", "batch")
+        ]
+        counts: dict[str, int] = {"spawn_errors": 0}
+        started = time.monotonic()
+        samples: list[dict[str, Any]] = []
+
+        async def drive() -> None:
+            mcp = f"http://127.0.0.1:{ports['runtime']}/mcp"
+            agents_task = asyncio.create_task(_sub_agents(mcp, spawn, started + duration_s, counts))
+            while time.monotonic() - started < duration_s:
+                pids = _pids(log)
+                entry = {"t": round(time.monotonic() - started, 1), "services": {}}
+                for name in SERVICES:
+                    if name in pids:
+                        rss, fds = _sample(pids[name])
+                        entry["services"][name] = {"rss_mib": round(rss, 1), "fds": fds}
+                samples.append(entry)
+                line = "  ".join(f"{n} {v['rss_mib']:.0f}M/{v['fds']}fd" for n, v in entry["services"].items())
+                print(f"\r[{entry['t']:>5.0f}/{duration_s:.0f} s] {line}", end="", flush=True)
+                await asyncio.sleep(every_s)
+            await agents_task
+
+        asyncio.run(drive())
+        print()
+        for p in loads:
+            p.wait(timeout=120)
+        status = f"http://127.0.0.1:{ports['status']}/status"
+        settle = time.monotonic() + 30
+        while True:
+            doc = httpx.get(status, timeout=5).json()
+            after = {"in_flight": sum(r["in_flight"] for r in doc["replicas"]), "held": doc["held"]["count"]}
+            if after == {"in_flight": 0, "held": 0} or time.monotonic() > settle:
+                break
+            time.sleep(0.5)
+        growth = {
+            name: {
+                "rss_mib": _growth([s["services"][name]["rss_mib"] for s in samples if name in s["services"]], every_s),
+                "fds": _growth([s["services"][name]["fds"] for s in samples if name in s["services"]], every_s),
+            }
+            for name in SERVICES
+            if any(name in s["services"] for s in samples)
+        }
+        restarts = len(re.findall(r"restarted ", log.read_text(errors="replace")))
+        return {"duration_s": duration_s, "every_s": every_s, "agents": agents, "spawn": spawn,
+                "samples": samples, "growth": growth, "after": after, "sub_agents": counts,
+                "restarts": restarts}  # fmt: skip
+    finally:
+        up.send_signal(2)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+
+
+def _table(record: dict[str, Any]) -> str:
+    lines = [
+        "| service | RSS first min MiB | RSS last min MiB | growth MiB | fds first min | fds last min |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, g in record["growth"].items():
+        r, f = g["rss_mib"], g["fds"]
+        lines.append(f"| {name} | {r['first_min']} | {r['last_min']} | {r['growth']:+} | {f['first_min']} | {f['last_min']} |")
+    a = record["after"]
+    lines.append("")
+    lines.append(
+        f"After the load: {a['in_flight']} in flight, {a['held']} held at the scheduler; sub-agents "
+        f"{record['sub_agents']}; {record['restarts']} restarts by up."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="luftpause bench soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration-s", type=float, default=600.0)
+    p.add_argument("--every-s", type=float, default=10.0)
+    p.add_argument("--agents", type=int, default=8, help="own-loop agents per class")
+    p.add_argument("--spawn", type=int, default=4, help="sub-agents per wave over MCP")
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+    if not Path("/proc/self/status").exists():
+        raise SystemExit("luftpause bench soak reads /proc: it runs on Linux")
+    record = run(args.duration_s, args.every_s, args.agents, args.spawn)
+    table = _table(record)
+    print(table)
+    if not args.no_record:
+        path = results.write("soak", record, table)
+        plot = _plot(record["samples"], path.with_suffix(".png"))
+        print(f"\nrecord: {path}" + (f", plot: {plot}" if plot else ""))
+    return 0 if record["after"] == {"in_flight": 0, "held": 0} else 1
