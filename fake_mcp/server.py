@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
+import os
 import random
+import time
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from luftpause import logs
+from luftpause.runtime.tool_servers import IDEMPOTENCY_META_KEY
 
 log = logging.getLogger(__name__)
+
+# A file every call is appended to as it starts, when set (see `_record`).
+CALLS_ENV = "LUFTPAUSE_FAKE_MCP_CALLS"
 
 LOOKUP_DELAY_S = (0.8, 1.2)
 """A quick look-up against a remote API: about a second, give or take."""
@@ -62,17 +69,32 @@ def tool_answer(tool: str, query: str) -> str:
     return f"Lookup result for '{query}': {_filler(query, 2)}"
 
 
-async def lookup(query: str) -> str:
+def _record(tool: str, query: str, ctx: Context) -> None:
+    """With $LUFTPAUSE_FAKE_MCP_CALLS naming a file, every call is appended to it as it starts:
+    the tool, its query and the idempotency key its request carried (bench/faults.py counts
+    the calls made twice)."""
+    path = os.environ.get(CALLS_ENV)
+    if not path:
+        return
+    meta = ctx.request_context.meta or {}
+    entry = {"tool": tool, "query": query, "key": meta.get(IDEMPOTENCY_META_KEY), "pid": os.getpid(), "at": time.time()}
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+async def lookup(query: str, ctx: Context) -> str:
     """Look up a short fact or definition. Give a focused query (a name, a term or a question);
     returns a few sentences of reference text about it. Takes about a second."""
+    _record("lookup", query, ctx)
     await asyncio.sleep(_delay(LOOKUP_DELAY_S, _fixed_lookup_s))
     return tool_answer("lookup", query)
 
 
-async def deep_search(query: str) -> str:
+async def deep_search(query: str, ctx: Context) -> str:
     """Search several sources in depth and return a longer summary of what they say about the
     query. Slower than lookup (one to one and a half seconds); use it when a short fact is not
     enough."""
+    _record("deep_search", query, ctx)
     await asyncio.sleep(_delay(DEEP_SEARCH_DELAY_S, _fixed_lookup_s))
     return tool_answer("deep_search", query)
 
