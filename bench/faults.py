@@ -21,8 +21,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -33,7 +31,7 @@ import httpx
 from mcp import Client
 
 from luftpause.bench import results
-from luftpause.bench.soak import _config, _pids
+from luftpause.bench.soak import LoadedStack, _pids
 from luftpause.fake_mcp.server import CALLS_ENV
 
 VICTIMS = ("scheduler", "dataplane", "runtime", "fake-a", "fake-mcp")
@@ -85,72 +83,31 @@ async def _kill_and_time(name: str, log: Path, health: str, dataplane: str) -> d
 
 
 def run(gap_s: float, agents: int, spawn: int) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="luftpause-faults-"))
-    config, ports = _config(workdir)
-    calls = workdir / "calls.jsonl"
-    log = workdir / "up.log"
-    cli = [sys.executable, "-m", "luftpause"]
+    calls = Path(tempfile.mkdtemp(prefix="luftpause-faults-calls-")) / "calls.jsonl"
     duration_s = gap_s * (len(VICTIMS) + 1)
-    with log.open("wb") as out:
-        up = subprocess.Popen(
-            [*cli, "up", "--config", str(config), "--with-fakes"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, CALLS_ENV: str(calls)},
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "luftpause is up" not in log.read_text(errors="replace"):
-            if up.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"luftpause up did not come up:\n{log.read_text()[-2000:]}")
-            time.sleep(0.2)
-        dataplane = f"http://127.0.0.1:{ports['dataplane']}"
-        loads = [
-            subprocess.Popen(
-                [*cli, "loadgen", "--url", dataplane, "--agents", str(agents), "--duration-s", str(duration_s),
-                 "--class", cls, "--caller", f"drill-{cls}", "--stream", "--seed", cls],  # fmt: skip
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for cls in ("interactive", "batch")
-        ]
+    with LoadedStack("luftpause-faults-", env={CALLS_ENV: str(calls)}) as stack:
+        stack.own_loop_agents(agents, duration_s, "drill")
         counts: dict[str, int] = {"spawn_errors": 0}
         kills: list[dict[str, Any]] = []
 
         async def drill() -> None:
             started = time.monotonic()
-            mcp = f"http://127.0.0.1:{ports['runtime']}/mcp"
-            waves = asyncio.create_task(_sub_agents_riding_out(mcp, spawn, started + duration_s, counts))
-            health = _health_urls(ports)
+            waves = asyncio.create_task(_sub_agents_riding_out(stack.mcp, spawn, started + duration_s, counts))
+            health = _health_urls(stack.ports)
             for i, name in enumerate(VICTIMS, start=1):
                 await asyncio.sleep(max(0.0, started + i * gap_s - time.monotonic()))
-                kill = await _kill_and_time(name, log, health[name], dataplane)
+                kill = await _kill_and_time(name, stack.log, health[name], stack.dataplane)
                 kills.append(kill)
                 print(f"killed {name}: healthy again after {kill['back_healthy_s']} s, "
                       f"a turn answered after {kill['turn_answered_s']} s", flush=True)  # fmt: skip
             await waves
 
         asyncio.run(drill())
-        for p in loads:
-            p.wait(timeout=180)
-        status = f"http://127.0.0.1:{ports['status']}/status"
-        settle = time.monotonic() + 30
-        while True:
-            doc = httpx.get(status, timeout=5).json()
-            after = {"in_flight": sum(r["in_flight"] for r in doc["replicas"]), "held": doc["held"]["count"]}
-            if after == {"in_flight": 0, "held": 0} or time.monotonic() > settle:
-                break
-            time.sleep(0.5)
+        after = stack.counts_after_load()
         received = [json.loads(line) for line in calls.read_text().splitlines() if line] if calls.exists() else []
         twice = {k: n for k, n in Counter(c["key"] for c in received if c.get("key")).items() if n > 1}
         return {"gap_s": gap_s, "agents": agents, "spawn": spawn, "kills": kills, "sub_agents": counts,
                 "tool_calls": len(received), "tool_calls_repeated": len(twice), "after": after}  # fmt: skip
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
 
 
 async def _sub_agents_riding_out(url: str, per_wave: int, until: float, counts: dict[str, int]) -> None:

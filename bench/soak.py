@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -81,6 +82,78 @@ def _pids(log: Path) -> dict[str, int]:
     return {name: int(pid) for name, pid in found}
 
 
+class LoadedStack:
+    """`luftpause up --with-fakes` on ports of its own, and own-loop agents of both classes on it:
+    what the soak and the fault drill (bench/faults.py) both run. A context manager: `up` is
+    stopped (SIGINT) on the way out."""
+
+    CLI = (sys.executable, "-m", "luftpause")
+
+    def __init__(self, prefix: str, env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.config, self.ports = _config(self.workdir)
+        self.log = self.workdir / "up.log"
+        self._env = {**os.environ, **(env or {})}
+        self.loads: list[subprocess.Popen] = []
+        self.dataplane = f"http://127.0.0.1:{self.ports['dataplane']}"
+        self.mcp = f"http://127.0.0.1:{self.ports['runtime']}/mcp"
+
+    def __enter__(self) -> LoadedStack:
+        with self.log.open("wb") as out:
+            self.up = subprocess.Popen(
+                [*self.CLI, "up", "--config", str(self.config), "--with-fakes"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+            )
+        deadline = time.monotonic() + 90
+        while "luftpause is up" not in self.log.read_text(errors="replace"):
+            if self.up.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise SystemExit(f"luftpause up did not come up:\n{self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.up.send_signal(signal.SIGINT)
+        try:
+            self.up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.up.kill()
+
+    def pids(self) -> dict[str, int]:
+        return _pids(self.log)
+
+    def own_loop_agents(self, agents: int, duration_s: float, caller: str) -> None:
+        """`agents` own-loop agents of each class, streaming, for `duration_s`, in the background."""
+        self.loads = [
+            subprocess.Popen(
+                [*self.CLI, "loadgen", "--url", self.dataplane, "--agents", str(agents), "--duration-s",
+                 str(duration_s), "--class", cls, "--caller", f"{caller}-{cls}", "--stream", "--seed", cls],  # fmt: skip
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for cls in ("interactive", "batch")
+        ]
+
+    def counts_after_load(self, settle_s: float = 30.0) -> dict[str, int]:
+        """Once the own-loop agents are done: the scheduler's in-flight and held counts, given
+        `settle_s` to reach zero."""
+        for p in self.loads:
+            p.wait(timeout=180)
+        status = f"http://127.0.0.1:{self.ports['status']}/status"
+        settle = time.monotonic() + settle_s
+        while True:
+            doc = httpx.get(status, timeout=5).json()
+            after = {"in_flight": sum(r["in_flight"] for r in doc["replicas"]), "held": doc["held"]["count"]}
+            if after == {"in_flight": 0, "held": 0} or time.monotonic() > settle:
+                return after
+            time.sleep(0.5)
+
+    def restarts(self) -> int:
+        return len(re.findall(r"restarted ", self.log.read_text(errors="replace")))
+
+
 def _sample(pid: int) -> tuple[float, int]:
     """(resident MiB, open file descriptors) of a process."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -137,37 +210,16 @@ def _plot(samples: list[dict[str, Any]], path: Path) -> Path | None:
 
 
 def run(duration_s: float, every_s: float, agents: int, spawn: int) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="luftpause-soak-"))
-    config, ports = _config(workdir)
-    log = workdir / "up.log"
-    cli = [sys.executable, "-m", "luftpause"]
-    with log.open("wb") as out:
-        up = subprocess.Popen([*cli, "up", "--config", str(config), "--with-fakes"], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while "luftpause is up" not in log.read_text(errors="replace"):
-            if up.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"luftpause up did not come up:\n{log.read_text()[-2000:]}")
-            time.sleep(0.2)
-        dataplane = f"http://127.0.0.1:{ports['dataplane']}"
-        loads = [
-            subprocess.Popen(
-                [*cli, "loadgen", "--url", dataplane, "--agents", str(agents), "--duration-s", str(duration_s),
-                 "--class", cls, "--caller", f"soak-{cls}", "--stream", "--seed", cls],  # fmt: skip
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for cls in ("interactive", "batch")
-        ]
+    with LoadedStack("luftpause-soak-") as stack:
+        stack.own_loop_agents(agents, duration_s, "soak")
         counts: dict[str, int] = {"spawn_errors": 0}
         started = time.monotonic()
         samples: list[dict[str, Any]] = []
 
         async def drive() -> None:
-            mcp = f"http://127.0.0.1:{ports['runtime']}/mcp"
-            agents_task = asyncio.create_task(_sub_agents(mcp, spawn, started + duration_s, counts))
+            agents_task = asyncio.create_task(_sub_agents(stack.mcp, spawn, started + duration_s, counts))
             while time.monotonic() - started < duration_s:
-                pids = _pids(log)
+                pids = stack.pids()
                 entry = {"t": round(time.monotonic() - started, 1), "services": {}}
                 for name in SERVICES:
                     if name in pids:
@@ -181,16 +233,7 @@ def run(duration_s: float, every_s: float, agents: int, spawn: int) -> dict[str,
 
         asyncio.run(drive())
         print()
-        for p in loads:
-            p.wait(timeout=120)
-        status = f"http://127.0.0.1:{ports['status']}/status"
-        settle = time.monotonic() + 30
-        while True:
-            doc = httpx.get(status, timeout=5).json()
-            after = {"in_flight": sum(r["in_flight"] for r in doc["replicas"]), "held": doc["held"]["count"]}
-            if after == {"in_flight": 0, "held": 0} or time.monotonic() > settle:
-                break
-            time.sleep(0.5)
+        after = stack.counts_after_load()
         growth = {
             name: {
                 "rss_mib": _growth([s["services"][name]["rss_mib"] for s in samples if name in s["services"]], every_s),
@@ -199,16 +242,9 @@ def run(duration_s: float, every_s: float, agents: int, spawn: int) -> dict[str,
             for name in SERVICES
             if any(name in s["services"] for s in samples)
         }
-        restarts = len(re.findall(r"restarted ", log.read_text(errors="replace")))
         return {"duration_s": duration_s, "every_s": every_s, "agents": agents, "spawn": spawn,
                 "samples": samples, "growth": growth, "after": after, "sub_agents": counts,
-                "restarts": restarts}  # fmt: skip
-    finally:
-        up.send_signal(2)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+                "restarts": stack.restarts()}  # fmt: skip
 
 
 def _table(record: dict[str, Any]) -> str:
