@@ -87,9 +87,14 @@ def _run_id_of(raw: bytes) -> str:
     if len(raw) > RUN_ID_MAX_BYTES:
         raise BadTurnRequest(f"the run id is {len(raw):,} bytes long; at most {RUN_ID_MAX_BYTES} are allowed")
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadTurnRequest(f"{RUN_ID} must be UTF-8 text") from None
+    # It is echoed in a response header, where a control character (a CR from `%0D` in a path)
+    # cannot go: refused here rather than breaking the response.
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise BadTurnRequest("the run id must not contain control characters")
+    return text
 
 
 def on_the_wire(text: str) -> str:

@@ -5,7 +5,9 @@ decide routes are in the document too, dataplane/openapi.py) and generates, for 
 bodies, headers and paths from it, valid and not; hypothesis drives them. Every answer must be
 one the dataplane means: a reply or a 4xx that says what was wrong, never a server error, and
 within the timeout. The engines behind it are all up, so no 502, 503 or 504 is legitimate
-either. Bounded: a few dozen cases a route, so that CI stays quick.
+either. Bounded and derandomized: the same few dozen cases a route on every run, so that CI
+stays quick and a failure here is a bug, not luck; raise EXAMPLES_PER_ROUTE to explore further
+(a random run found the control character a path's run id could carry into a header).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def test_no_route_answers_a_server_error_or_hangs(real_stack: RealStack, route: 
     statuses: list[int] = []
 
     @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)  # fmt: skip
+              database=None, derandomize=True)  # fmt: skip
     @given(case=operation.as_strategy())
     def fuzz(case) -> None:
         response = case.call(base_url=real_stack.dataplane, headers={"authorization": f"Bearer {TOKEN}"},

@@ -80,6 +80,12 @@ def test_a_run_id_over_256_bytes_is_a_400_naming_the_limit(real_stack: RealStack
         assert r.json()["error"]["message"] == "x-luftpause-run-id must be UTF-8 text"
         r = client.delete(f"/v1/runs/{'r' * 300}")
         assert r.status_code == 400 and "at most 256" in r.json()["error"]["message"]
+        # Found by the fuzzer: a CR in a path's run id broke the response that echoes it.
+        r = client.delete("/v1/runs/0%0D0")
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "the run id must not contain control characters"
+        r = client.post("/v1/chat/completions", json=_body(tag), headers={"x-luftpause-run-id": b"run\x01"})
+        assert r.status_code == 400
     assert real_stack.engine_log(tag) == []
 
 
