@@ -399,6 +399,9 @@ class Runs:
             log.error("run %s: its end is not journaled (%s); it resumes on the next start", run.handle, e)
         run.status, run.result, run.error = status, result, error
         run.finished_at = time.time()
+        # Its conversation is never read again (await answers with the result; a restart replays
+        # only unfinished runs): a finished run kept for the retention window costs little.
+        run.messages, run.pending_turn, run.pending_results = [], None, []
         for approval in run.approvals.values():
             approval.abandon()
         run.approvals.clear()
