@@ -21,6 +21,7 @@ from typing import Any
 from mcp import Client
 
 from luftpause.bench import results
+from luftpause.loadgen.subagents import collect, spawn
 
 
 def _tasks(n: int) -> list[str]:
@@ -29,39 +30,18 @@ def _tasks(n: int) -> list[str]:
     ]
 
 
-async def _spawn(client: Client, task: str) -> str:
-    res = await client.call_tool("spawn", {"task": task})
-    if res.is_error:
-        raise RuntimeError(f"spawn failed: {res.content}")
-    return res.structured_content["handle"]
-
-
-async def _await(client: Client, handles: list[str]) -> list[dict[str, Any]]:
-    runs: dict[str, dict[str, Any]] = {}
-    pending = list(handles)
-    while pending:  # one await call covers up to 60 s; a slow machine may need more than one
-        res = await client.call_tool("await", {"handles": pending, "mode": "all", "timeout": 60})
-        if res.is_error:
-            raise RuntimeError(f"await failed: {res.content}")
-        for run in res.structured_content["runs"]:
-            if run["status"] != "running":
-                runs[run["handle"]] = run
-        pending = [h for h in pending if h not in runs]
-    return [runs[h] for h in handles]
-
-
 async def sequential(client: Client, tasks: list[str]) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
     done = []
     for task in tasks:
-        done += await _await(client, [await _spawn(client, task)])
+        done += await collect(client, [await spawn(client, task)])
     return time.perf_counter() - started, done
 
 
 async def fan_out(client: Client, tasks: list[str]) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
-    handles = [await _spawn(client, task) for task in tasks]
-    done = await _await(client, handles)
+    handles = [await spawn(client, task) for task in tasks]
+    done = await collect(client, handles)
     return time.perf_counter() - started, done
 
 

@@ -58,6 +58,7 @@ class Tally:
     errors: int = 0
     in_flight: int = 0
     replicas: Counter[str] = field(default_factory=Counter)
+    in_flight_label: str = "turns in flight"
 
     def counting(self) -> bool:
         return time.monotonic() >= self.counting_from
@@ -67,7 +68,7 @@ class Tally:
         phase = "" if self.counting() else "  (warming up)"
         return (
             f"{elapsed:5.0f}s{phase}  runs {self.runs}  turns {self.turns}  tool calls {self.tool_calls}  "
-            f"errors {self.errors}  turns in flight {self.in_flight}"
+            f"errors {self.errors}  {self.in_flight_label} {self.in_flight}"
         )
 
     def summary(self, spec: LoadSpec) -> dict[str, Any]:
