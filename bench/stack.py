@@ -25,9 +25,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from luftpause.bench import sglang_router
-from luftpause.bench.sim.fidelity import _free_port, _Processes, _wait_healthy, engine_params, timing_env
+from luftpause.bench.sim.fidelity import (
+    _free_port,
+    _Processes,
+    _snapshot,
+    _wait_healthy,
+    cpu_use,
+    engine_params,
+    timing_env,
+)
 from luftpause.config import DEFAULT_MODEL
 
 FRONTS = ("luftpause", "sglang-cache-aware", "sglang-round-robin")
@@ -43,10 +54,11 @@ class Stack:
     front: str
     procs: _Processes
     runtime_url: str
-    """The runtime's MCP URL."""
+    """The runtime's MCP URL (nothing answers there when the stack was started without it)."""
     front_url: str
     engine_urls: list[str]
     status_url: str | None = None
+    single_pass_url: str | None = None
     single_threaded: set[str] = field(default_factory=set)
 
     def pids(self) -> dict[str, int]:
@@ -55,6 +67,7 @@ class Stack:
 
 def _config(
     directory: Path,
+    metrics: str,
     engines: list[int],
     grpc: int,
     status: int,
@@ -64,9 +77,11 @@ def _config(
     fake_mcp: int,
     single_pass: int | None,
 ) -> Path:
+    # The fake engines order their queues higher priority first, as SGLang does.
+    priority = "sglang" if metrics == "sglang" else "none"
     replicas = "".join(
         f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\n'
-        f'models = ["{DEFAULT_MODEL}"]\nengine_priority = "sglang"\n'
+        f'models = ["{DEFAULT_MODEL}"]\nmetrics = "{metrics}"\nengine_priority = "{priority}"\n'
         for i, port in enumerate(engines)
     )
     if single_pass is not None:
@@ -93,8 +108,13 @@ def stack(
     kv_pool_tokens: int = 16384,
     tool_latency_s: float = 2.0,
     single_pass: bool = False,
+    metrics: str = "sglang",
+    runtime: bool = True,
 ) -> Iterator[Stack]:
-    """Starts the processes, waits until each answers, yields the stack; stops it on the way out."""
+    """Starts the processes, waits until each answers, yields the stack; stops it on the way out.
+
+    `metrics` is the engines' /metrics flavour: "vllm" has the prefix-cache counters
+    (`prefix_cache_share` reads them), and luftpause's replicas are then told no priorities."""
     if front not in FRONTS:
         raise ValueError(f"unknown front {front}; known: {', '.join(FRONTS)}")
     py = [sys.executable, "-m", "luftpause", "--log-level", "WARNING"]
@@ -105,7 +125,11 @@ def stack(
         engine_ports = [_free_port() for _ in range(replicas)]
         for i, port in enumerate(engine_ports):
             name = f"fake-{chr(ord('a') + i)}"
-            procs.start(name, [*py, "fake-engine", "--name", name, "--port", str(port)], timing)
+            procs.start(
+                name,
+                [*py, "fake-engine", "--name", name, "--port", str(port), "--metrics", metrics],
+                timing,
+            )
             single_threaded.add(name)
         sp_port = _free_port() if single_pass else None
         if sp_port is not None:
@@ -133,7 +157,7 @@ def stack(
         front_url = f"http://127.0.0.1:{front_port}"
         grpc, status = _free_port(), _free_port()
         conf = _config(
-            logs, engine_ports, grpc, status, front_port, runtime_port, front_url, mcp_port, sp_port
+            logs, metrics, engine_ports, grpc, status, front_port, runtime_port, front_url, mcp_port, sp_port
         )
         status_url = None
         if front == "luftpause":
@@ -147,8 +171,9 @@ def stack(
             )
             router = procs.start("router", argv)
             sglang_router.wait_ready(front_url, engines, alive=lambda: router.poll() is None)
-        procs.start("runtime", [*py, "runtime", "--config", str(conf)])
-        _wait_healthy(f"http://127.0.0.1:{runtime_port}/status", procs)
+        if runtime:
+            procs.start("runtime", [*py, "runtime", "--config", str(conf)])
+            _wait_healthy(f"http://127.0.0.1:{runtime_port}/status", procs)
         single_threaded |= {name for name in SINGLE_THREADED if name in procs.procs}
         yield Stack(
             front=front,
@@ -157,7 +182,34 @@ def stack(
             front_url=front_url,
             engine_urls=engines,
             status_url=status_url,
+            single_pass_url=f"http://127.0.0.1:{sp_port}" if sp_port else None,
             single_threaded=single_threaded,
         )
     finally:
         procs.stop()
+
+
+def prefix_cache_counters(engine_urls: list[str]) -> tuple[float, float]:
+    """(prompt tokens queried, of them served from the prefix cache) summed over the engines,
+    from their vLLM-flavoured /metrics counters."""
+    queries = hits = 0.0
+    for url in engine_urls:
+        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+            if line.startswith("vllm:prefix_cache_queries_total"):
+                queries += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_hits_total"):
+                hits += float(line.rsplit(" ", 1)[1])
+    return queries, hits
+
+
+class CpuWindow:
+    """The fidelity harness's CPU check over one measured window of a stack and its load."""
+
+    def __init__(self, s: Stack, loads: dict[str, int] | None = None) -> None:
+        self.pids = s.pids() | (loads or {})
+        self.single_threaded = s.single_threaded | set(loads or {})
+        self.before = _snapshot(self.pids)
+
+    def close(self) -> dict[str, Any]:
+        """CPU busy share, each process's cores, and whether the window was saturated (and why)."""
+        return cpu_use(self.before, _snapshot(self.pids), self.single_threaded)

@@ -233,7 +233,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
     p.add_argument(
         "scenario",
-        choices=["fanout", "proxy_overhead", "sim", "fidelity", "scheduler_core", "admit_latency"],
+        choices=[
+            "fanout",
+            "proxy_overhead",
+            "sim",
+            "fidelity",
+            "scheduler_core",
+            "admit_latency",
+            "mcp_flood",
+            "routing",
+            "single_pass",
+        ],  # fmt: skip
         help="which benchmark",
     )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
