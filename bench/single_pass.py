@@ -94,13 +94,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="luftpause bench single_pass", description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=400, help="decisions per arm, concurrency and repeat")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--classifier-lookahead",
+        type=int,
+        default=None,
+        help="the single-pass replica's `lookahead` (default: luftpause's default)",
+    )
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     cells = [(arm, c) for c in CONCURRENCY for arm in ARMS]
     rows: list[dict[str, Any]] = []
     logs = Path(tempfile.mkdtemp(prefix="luftpause-single-pass-"))
-    with stacks.stack("luftpause", logs, single_pass=True, runtime=False) as s:
+    with stacks.stack(
+        "luftpause", logs, single_pass=True, runtime=False, single_pass_lookahead=args.classifier_lookahead
+    ) as s:
         s.single_threaded.add("classifier")
         for arm in ARMS:
             asyncio.run(measure(s, arm, 1, WARMUP_CALLS))
@@ -129,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(logs, ignore_errors=True)
     summary = {}
     lines = [
-        f"/v1/decide at the dataplane, {args.calls} decisions per cell, {args.repeats} repeat(s) interleaved; "
+        f"/v1/decide at the dataplane, {args.calls} decisions per cell, {args.repeats} repeat(s) interleaved, "
+        f"classifier lookahead {'default' if args.classifier_lookahead is None else args.classifier_lookahead}; "
         "median (range) over the repeats that count",
         "",
         "| decision | callers | p50 ms | p99 ms | repeats counted |",

@@ -76,6 +76,7 @@ def _config(
     front_url: str,
     fake_mcp: int,
     single_pass: int | None,
+    single_pass_lookahead: int | None = None,
 ) -> Path:
     # The fake engines order their queues higher priority first, as SGLang does.
     priority = "sglang" if metrics == "sglang" else "none"
@@ -89,6 +90,8 @@ def _config(
             f'\n[[replicas]]\nname = "classifier"\nurl = "http://127.0.0.1:{single_pass}"\n'
             f'kind = "single-pass"\nmodels = ["{SINGLE_PASS_MODEL}"]\n'
         )
+        if single_pass_lookahead is not None:
+            replicas += f"lookahead = {single_pass_lookahead}\n"
     path = directory / "luftpause.toml"
     path.write_text(
         f"[scheduler]\ngrpc_port = {grpc}\nstatus_port = {status}\n\n"
@@ -110,6 +113,7 @@ def stack(
     single_pass: bool = False,
     metrics: str = "sglang",
     runtime: bool = True,
+    single_pass_lookahead: int | None = None,
 ) -> Iterator[Stack]:
     """Starts the processes, waits until each answers, yields the stack; stops it on the way out.
 
@@ -157,7 +161,17 @@ def stack(
         front_url = f"http://127.0.0.1:{front_port}"
         grpc, status = _free_port(), _free_port()
         conf = _config(
-            logs, metrics, engine_ports, grpc, status, front_port, runtime_port, front_url, mcp_port, sp_port
+            logs,
+            metrics,
+            engine_ports,
+            grpc,
+            status,
+            front_port,
+            runtime_port,
+            front_url,
+            mcp_port,
+            sp_port,
+            single_pass_lookahead,
         )
         status_url = None
         if front == "luftpause":
