@@ -26,7 +26,7 @@ from typing import Any
 
 from mcp import Client
 
-from luftpause.loadgen.agents import Tally
+from luftpause.loadgen.agents import Tally, until_deadline
 from luftpause.loadgen.conversation import first_messages
 
 AWAIT_TIMEOUT_S = 60
@@ -181,13 +181,7 @@ async def flood(
             asyncio.create_task(_flood_agent(client, spec, i, deadline, tally, live))
             for i in range(spec.agents)
         ]
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(progress_every_s or 1.0, max(deadline - time.monotonic(), 0)))
-            if progress_every_s:
-                print("\r" + tally.progress(), end="", file=sys.stderr, flush=True)
-        for task in agents:
-            task.cancel()
-        await asyncio.gather(*agents, return_exceptions=True)
+        await until_deadline(agents, deadline, tally, progress_every_s)
         # What is still running would keep the engines busy after the window: stop it.
         for handle in list(live):
             try:
