@@ -1,12 +1,24 @@
 """Fan-out: 16 sub-agents spawned at once and awaited in one call, against the same 16 one at a time.
 
-Runs against a stack that is already up (`luftpause up`), over MCP with the official client, the
-way a harness would. Both arms use the same task texts, so the fake engine gives every run the
-same number of tool calls in both; the arms alternate when repeated, so drift on the machine
-hits both. Prints the time for all runs per arm and the ratio, and writes the record under
-bench/results/.
+Over MCP with the official client, the way a harness would. Two ways to run it:
+
+- against a stack that is already up (`luftpause up`, `--runtime URL`): the arms `sequential`
+  and `fan-out`, short river tasks;
+- `--start`: it starts its own stacks (`bench.stack`: fake engines with the calibrated KV pool,
+  fake-mcp with every tool call taking 2 s, the runtime) and runs three arms: `sequential`
+  (spawn, await, next) and `luftpause` (spawn all, one await) through luftpause, and `router`
+  (spawn all, one await) with the runtime straight to the real SGLang router (cache-aware)
+  in front of engines of their own. Tasks carry the flood's contexts (`--context-chars`, 10000
+  by default: about 2.8k prompt tokens, as the description's fan-out).
+
+Every arm gets the same task texts, so the fake engine gives each run the same tool calls in all
+of them; arms rotate their order from repeat to repeat so that drift on the machine hits each.
+Each arm's time is checked for CPU saturation as the fidelity harness does (`--start` only); a
+saturated one is reported and not counted. Prints the time for all runs per arm and the ratios,
+and writes the record (and with `--start` a PNG) under bench/results/.
 
     luftpause bench fanout [--runtime http://127.0.0.1:7000/mcp] [--runs 16] [--repeats 1]
+    luftpause bench fanout --start [--runs 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -14,67 +26,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import statistics
+import tempfile
 import time
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from mcp import Client
 
 from luftpause.bench import results
+from luftpause.loadgen.subagents import collect, fan_out_summary, spawn, tasks
 
 
-def _tasks(n: int) -> list[str]:
+def _river_tasks(n: int) -> list[dict[str, Any]]:
     return [
-        f"Research river number {i}: its length, its mouth and the countries it crosses." for i in range(n)
+        {"task": f"Research river number {i}: its length, its mouth and the countries it crosses."}
+        for i in range(n)
     ]
 
 
-async def _spawn(client: Client, task: str) -> str:
-    res = await client.call_tool("spawn", {"task": task})
-    if res.is_error:
-        raise RuntimeError(f"spawn failed: {res.content}")
-    return res.structured_content["handle"]
-
-
-async def _await(client: Client, handles: list[str]) -> list[dict[str, Any]]:
-    runs: dict[str, dict[str, Any]] = {}
-    pending = list(handles)
-    while pending:  # one await call covers up to 60 s; a slow machine may need more than one
-        res = await client.call_tool("await", {"handles": pending, "mode": "all", "timeout": 60})
-        if res.is_error:
-            raise RuntimeError(f"await failed: {res.content}")
-        for run in res.structured_content["runs"]:
-            if run["status"] != "running":
-                runs[run["handle"]] = run
-        pending = [h for h in pending if h not in runs]
-    return [runs[h] for h in handles]
-
-
-async def sequential(client: Client, tasks: list[str]) -> tuple[float, list[dict[str, Any]]]:
+async def sequential(client: Client, work: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
     done = []
-    for task in tasks:
-        done += await _await(client, [await _spawn(client, task)])
+    for arguments in work:
+        done += await collect(client, [await spawn(client, **arguments)])
     return time.perf_counter() - started, done
 
 
-async def fan_out(client: Client, tasks: list[str]) -> tuple[float, list[dict[str, Any]]]:
+async def fan_out(client: Client, work: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
-    handles = [await _spawn(client, task) for task in tasks]
-    done = await _await(client, handles)
+    handles = [await spawn(client, **arguments) for arguments in work]
+    done = await collect(client, handles)
     return time.perf_counter() - started, done
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "finished": sum(r["status"] == "finished" for r in runs),
-        "tool_calls": sum(r["toolCalls"] for r in runs),
-        "failed_tool_calls": sum(r["failedToolCalls"] for r in runs),
-    }
+    summary = fan_out_summary(runs, 0.0)
+    return {k: summary[k] for k in ("finished", "tool_calls", "failed_tool_calls")}
 
 
 async def run(runtime: str, n: int, repeats: int) -> dict[str, Any]:
-    tasks = _tasks(n)
+    work = _river_tasks(n)
     arms: dict[str, list[float]] = {"sequential": [], "fan-out": []}
     details: list[dict[str, Any]] = []
     async with Client(runtime) as client:
@@ -83,7 +77,7 @@ async def run(runtime: str, n: int, repeats: int) -> dict[str, Any]:
             if rep % 2:
                 order.reverse()
             for name, arm in order:
-                seconds, runs = await arm(client, tasks)
+                seconds, runs = await arm(client, work)
                 arms[name].append(seconds)
                 details.append({"repeat": rep, "arm": name, "seconds": round(seconds, 3), **_summary(runs)})
                 print(
@@ -101,15 +95,147 @@ async def run(runtime: str, n: int, repeats: int) -> dict[str, Any]:
     }
 
 
+# -- --start: its own stacks, and the router arm --
+
+STARTED_ARMS = ("sequential", "luftpause", "router")
+# Which stack each arm runs on, and how it drives it.
+ARM_STACK = {"sequential": "luftpause", "luftpause": "luftpause", "router": "sglang-cache-aware"}
+ARM_DRIVE = {"sequential": sequential, "luftpause": fan_out, "router": fan_out}
+ROUTER_TOLERANCE = 0.10
+MIN_SPEEDUP = 5.0
+
+
+def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[str, Any]:
+    from luftpause.bench import stack as stacks
+    from luftpause.fake_engine.params import EngineParams
+
+    work = tasks(n, context_chars, seed="fanout")
+    rows: list[dict[str, Any]] = []
+    with ExitStack() as up:
+        # Both stacks stay up for the whole run; the one not measured idles (health probes only).
+        started = {}
+        for front in ("luftpause", "sglang-cache-aware"):
+            (logs / front).mkdir()
+            started[front] = up.enter_context(
+                stacks.stack(front, logs / front, kv_pool_tokens=EngineParams().kv_pool_tokens)
+            )
+        for rep in range(repeats):
+            order = list(STARTED_ARMS[rep % 3 :] + STARTED_ARMS[: rep % 3])
+            for arm in order:
+                s = started[ARM_STACK[arm]]
+                window = stacks.CpuWindow(s)
+
+                async def measure(url: str, arm: str = arm) -> tuple[float, list[dict[str, Any]]]:
+                    async with Client(url) as client:
+                        return await ARM_DRIVE[arm](client, work)
+
+                seconds, runs = asyncio.run(measure(s.runtime_url))
+                cpu = window.close()
+                row = {
+                    "repeat": rep,
+                    "arm": arm,
+                    "seconds": round(seconds, 3),
+                    **_summary(runs),
+                    **cpu,
+                    "counts": not cpu["saturated"] and all(r["status"] == "finished" for r in runs),
+                }
+                rows.append(row)
+                print(
+                    f"  repeat {rep + 1}/{repeats}  {arm:<10} {seconds:7.2f} s  {_summary(runs)}  "
+                    f"CPU {cpu['cpu_busy']:.0%}" + ("" if row["counts"] else "  (does not count)"),
+                    flush=True,
+                )
+    times = {arm: [r["seconds"] for r in rows if r["arm"] == arm and r["counts"]] for arm in STARTED_ARMS}
+    med = {arm: statistics.median(v) if v else None for arm, v in times.items()}
+    ratios: dict[str, Any] = {}
+    if med["luftpause"] and med["router"]:
+        ratios["luftpause_over_router_time"] = round(med["luftpause"] / med["router"], 3)
+        ratios["within_router_tolerance"] = abs(ratios["luftpause_over_router_time"] - 1) <= ROUTER_TOLERANCE
+    if med["sequential"] and med["luftpause"]:
+        ratios["speedup_over_sequential"] = round(med["sequential"] / med["luftpause"], 2)
+        ratios["speedup_met"] = ratios["speedup_over_sequential"] >= MIN_SPEEDUP
+    if med["sequential"] and med["router"]:
+        ratios["router_speedup_over_sequential"] = round(med["sequential"] / med["router"], 2)
+    return {
+        "runs": n,
+        "repeats": repeats,
+        "context_chars": context_chars,
+        "rows": rows,
+        "times_s": times,
+        "median_s": med,
+        "ratios": ratios,
+    }
+
+
+def started_table(record: dict[str, Any]) -> str:
+    from luftpause.bench.sim.fidelity import _spread, _spread_cell
+
+    med, ratios = record["median_s"], record["ratios"]
+    labels = {
+        "sequential": "one at a time through luftpause (spawn, await, next)",
+        "luftpause": "spawned together through luftpause, one await",
+        "router": "spawned together, runtime straight to the SGLang router, one await",
+    }
+    lines = [
+        f"| {record['runs']} sub-agents | time for all, median (range) of the repeats that count | "
+        "repeats counted | vs one at a time |",
+        "|---|---|---|---|",
+    ]
+    for arm in STARTED_ARMS:
+        values = record["times_s"][arm]
+        speedup = (
+            "-"
+            if arm == "sequential" or not med[arm] or not med["sequential"]
+            else (f"{med['sequential'] / med[arm]:.1f}x")
+        )
+        lines.append(
+            f"| {labels[arm]} | {_spread_cell(_spread(values))} s | {len(values)} of {record['repeats']} | {speedup} |"
+        )
+    verdicts = []
+    if "luftpause_over_router_time" in ratios:
+        verdicts.append(
+            f"luftpause takes {ratios['luftpause_over_router_time']:.2f}x the router's time "
+            f"({'within' if ratios['within_router_tolerance'] else 'not within'} {ROUTER_TOLERANCE:.0%})"
+        )
+    if "speedup_over_sequential" in ratios:
+        verdicts.append(
+            f"{ratios['speedup_over_sequential']:.1f}x faster than one at a time "
+            f"({'met' if ratios['speedup_met'] else 'not met'}: at least {MIN_SPEEDUP:g}x)"
+        )
+    if verdicts:
+        lines += ["", "; ".join(verdicts) + "."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="luftpause bench fanout", description=__doc__.splitlines()[0])
     p.add_argument("--runtime", default="http://127.0.0.1:7000/mcp", help="the runtime's MCP URL")
+    p.add_argument("--start", action="store_true", help="start its own stacks and add the router arm")
     p.add_argument("--runs", type=int, default=16)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--context-chars", type=int, default=10000, help="with --start: each task's context")
     args = p.parse_args(argv)
     # The MCP client logs every HTTP request at INFO; a benchmark's output is its figures.
     for noisy in ("httpx", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.start:
+        print(
+            f"fan-out benchmark: {args.runs} sub-agents, {args.repeats} repeat(s), arms {', '.join(STARTED_ARMS)}"
+        )
+        logs = Path(tempfile.mkdtemp(prefix="luftpause-fanout-"))
+        record = run_started(args.runs, args.repeats, args.context_chars, logs)
+        shutil.rmtree(logs, ignore_errors=True)
+        table = started_table(record)
+        path = results.write("fanout-start", record, table)
+        png = results.bars_png(
+            path.with_suffix(".png"),
+            f"Fan-out of {args.runs} sub-agents over MCP: time for all (median, range, each repeat)",
+            "seconds",
+            {arm: record["times_s"][arm] for arm in STARTED_ARMS},
+        )
+        print(table)
+        print(f"record: {path}" + (f"\nplot: {png}" if png else ""))
+        return 0
     print(f"fan-out benchmark: {args.runs} sub-agents, {args.repeats} repeat(s), against {args.runtime}")
     record = asyncio.run(run(args.runtime, args.runs, args.repeats))
     seq = statistics.median(record["sequential_s"])

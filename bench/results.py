@@ -51,3 +51,37 @@ def _cpus() -> int:
 def cell(value: float | None) -> str:
     """A figure as a markdown table shows it: "-" for none, else the shortest form."""
     return "-" if value is None else f"{value:g}"
+
+
+def bars_png(path: Path, title: str, unit: str, rows: dict[str, list[float]]) -> Path | None:
+    """A PNG of one horizontal bar per row: the median of its values, a whisker from the lowest to
+    the highest, each value a dot; None (and no file) without matplotlib (the `bench` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    import statistics
+
+    labels = [label for label, values in rows.items() if values]
+    med = [statistics.median(rows[label]) for label in labels]
+    err = [
+        [m - min(rows[label]) for m, label in zip(med, labels, strict=True)],
+        [max(rows[label]) - m for m, label in zip(med, labels, strict=True)],
+    ]
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(labels) + 1.6))
+    colours = ["#d9480f" if "luftpause" in label else "#868e96" for label in labels]
+    ax.barh(labels, med, xerr=err, color=colours, capsize=3)
+    for y, label in enumerate(labels):
+        ax.plot(rows[label], [y] * len(rows[label]), "k.", markersize=4)
+        ax.text(med[y], y - 0.3, f" {med[y]:.3g}", va="center", ha="left", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -58,6 +58,7 @@ class Tally:
     errors: int = 0
     in_flight: int = 0
     replicas: Counter[str] = field(default_factory=Counter)
+    in_flight_label: str = "turns in flight"
 
     def counting(self) -> bool:
         return time.monotonic() >= self.counting_from
@@ -67,7 +68,7 @@ class Tally:
         phase = "" if self.counting() else "  (warming up)"
         return (
             f"{elapsed:5.0f}s{phase}  runs {self.runs}  turns {self.turns}  tool calls {self.tool_calls}  "
-            f"errors {self.errors}  turns in flight {self.in_flight}"
+            f"errors {self.errors}  {self.in_flight_label} {self.in_flight}"
         )
 
     def summary(self, spec: LoadSpec) -> dict[str, Any]:
@@ -180,6 +181,22 @@ async def _agent(
             tally.errors += 1
 
 
+async def until_deadline(
+    agents: list[asyncio.Task[None]], deadline: float, tally: Tally, progress_every_s: float | None
+) -> None:
+    """Rewrites the progress line on stderr every `progress_every_s` until `deadline`, then
+    cancels the agents and waits for them to go."""
+    import sys
+
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(progress_every_s or 1.0, max(deadline - time.monotonic(), 0)))
+        if progress_every_s:
+            print("\r" + tally.progress(), end="", file=sys.stderr, flush=True)
+    for task in agents:
+        task.cancel()
+    await asyncio.gather(*agents, return_exceptions=True)
+
+
 async def run_load(
     spec: LoadSpec, tally: Tally | None = None, progress_every_s: float | None = 1.0
 ) -> dict[str, Any]:
@@ -197,13 +214,7 @@ async def run_load(
     limits = httpx.Limits(max_connections=spec.agents + 8, max_keepalive_connections=spec.agents + 8)
     async with httpx.AsyncClient(base_url=spec.url, timeout=600.0, limits=limits) as client:
         agents = [asyncio.create_task(_agent(client, spec, i, deadline, tally)) for i in range(spec.agents)]
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(progress_every_s or 1.0, max(deadline - time.monotonic(), 0)))
-            if progress_every_s:
-                print("\r" + tally.progress(), end="", file=sys.stderr, flush=True)
-        for task in agents:
-            task.cancel()
-        await asyncio.gather(*agents, return_exceptions=True)
+        await until_deadline(agents, deadline, tally, progress_every_s)
     if progress_every_s:
         print("\r" + tally.progress(), file=sys.stderr, flush=True)
     return tally.summary(spec)

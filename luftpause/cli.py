@@ -76,6 +76,30 @@ def _loadgen(args: argparse.Namespace) -> None:
     import asyncio
     import json
 
+    if args.spawn is not None or args.spawn_agents is not None:
+        from luftpause.loadgen import subagents
+
+        if args.spawn is not None:
+            summary = subagents.fan_out(
+                args.runtime, args.spawn, args.context_chars, args.service_class, args.seed
+            )
+        else:
+            summary = subagents.flood(
+                subagents.FloodSpec(
+                    url=args.runtime,
+                    agents=args.spawn_agents,
+                    duration_s=args.duration_s,
+                    service_class=args.service_class,
+                    context_chars=args.context_chars,
+                    seed=args.seed,
+                    warmup_s=args.warmup_s,
+                )
+            )
+        for noisy in ("httpx", "httpx2", "mcp"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        print(json.dumps(asyncio.run(summary)))
+        return
+
     from luftpause.loadgen.agents import LoadSpec, run_load
 
     spec = LoadSpec(
@@ -188,9 +212,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="every tool call takes exactly this long (benchmarks use 2); default about a second, random",
     )
     p.set_defaults(func=_fake_mcp)
-    p = sub.add_parser("loadgen", help="closed-loop own-loop agents through the proxy; prints a JSON summary")
+    p = sub.add_parser(
+        "loadgen",
+        help="closed-loop own-loop agents through the proxy, or sub-agents over MCP; prints a JSON summary",
+    )
     p.add_argument("--url", default=f"http://127.0.0.1:{config.DATAPLANE_PORT}", help="the dataplane")
-    p.add_argument("--agents", type=int, default=8, help="agents running at once (default 8)")
+    p.add_argument(
+        "--runtime",
+        default=f"http://127.0.0.1:{config.RUNTIME_PORT}/mcp",
+        help="the runtime's MCP URL, for --spawn and --spawn-agents",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--agents", type=int, default=8, help="own-loop agents running at once (default 8)")
+    mode.add_argument(
+        "--spawn", type=int, metavar="N", help="fan N sub-agents out over MCP at once and await them all"
+    )
+    mode.add_argument(
+        "--spawn-agents",
+        type=int,
+        metavar="N",
+        help="N closed-loop agents over MCP, each spawning a sub-agent, awaiting it, spawning the next",
+    )
     p.add_argument("--duration-s", type=float, default=60.0, help="how long to count (default 60)")
     p.add_argument("--warmup-s", type=float, default=0.0, help="run this long first without counting")
     p.add_argument("--class", dest="service_class", choices=["interactive", "batch"], default="interactive")
@@ -205,7 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
     p.add_argument(
         "scenario",
-        choices=["fanout", "proxy_overhead", "sim", "fidelity", "scheduler_core", "admit_latency", "soak", "faults"],
+        choices=[
+            "fanout",
+            "proxy_overhead",
+            "sim",
+            "fidelity",
+            "scheduler_core",
+            "admit_latency",
+            "mcp_flood",
+            "routing",
+            "single_pass",
+            "soak",
+            "faults",
+        ],  # fmt: skip
         help="which benchmark",
     )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")

@@ -3,7 +3,8 @@
 An agent runs one run after another, for as long as the simulation lasts: a run opens with the
 shared system prompt and a task with its own context (`loadgen.conversation`), sends a turn,
 and while the reply is a tool call waits the tool's latency, appends the call and its answer and
-sends the next turn. A text reply ends the run and the next one starts at once. Replies come from
+sends the next turn. A text reply ends the run and the next one starts at once (after the
+runtime's own work, in a scenario of sub-agents, `Overheads`). Replies come from
 the fake engine's own rule (`compose_reply`) with the engine's parameters, so a simulated run and
 a run through the HTTP fake engine say and cost the same.
 """
@@ -24,6 +25,18 @@ from luftpause.scheduler.state import ServiceClass
 
 
 @dataclass(frozen=True)
+class Overheads:
+    """Fixed waits an agent adds around the engine's work (none for an own-loop agent)."""
+
+    turn_s: float = 0.0
+    """Before each turn after a run's first: the runtime journals the tool round, builds the body."""
+    tool_s: float = 0.0
+    """On each tool call, beyond the tool's own latency: the MCP round trip to the tool server."""
+    run_s: float = 0.0
+    """Between one run's answer and the next run's first turn: await returns, spawn, journal."""
+
+
+@dataclass(frozen=True)
 class AgentSpec:
     name: str
     service_class: ServiceClass
@@ -32,6 +45,8 @@ class AgentSpec:
     tool_latency_s: float
     start_at: float
     seed: int
+    streamed: bool = True
+    overheads: Overheads = Overheads()
 
 
 @dataclass
@@ -73,6 +88,13 @@ class Agent:
         self._tool_calls = 0
         self._send_turn()
 
+    def _run_done(self) -> None:
+        self.arm.run_ended(self._run_id)
+        if self.spec.overheads.run_s:
+            self.clock.after(self.spec.overheads.run_s, self._new_run)
+        else:
+            self._new_run()
+
     def _send_turn(self) -> None:
         reply = compose_reply(self._messages, TOOLS, None, MAX_TOKENS, self.reply_tokens)
         blocks = prompt_blocks(self._messages, TOOLS)
@@ -95,6 +117,7 @@ class Agent:
             reply=reply,
             on_done=self._turn_done,
             arrived_at=self.clock.now,
+            streamed=self.spec.streamed,
         )
         self.arm.send(turn)
 
@@ -108,7 +131,8 @@ class Agent:
             self._tool_calls += 1
             self._messages.append(message)
             result = tool_result_message(message["tool_calls"][0])
-            self.clock.after(self.spec.tool_latency_s, lambda: self._tool_returned(result))
+            wait = self.spec.tool_latency_s + self.spec.overheads.tool_s + self.spec.overheads.turn_s
+            self.clock.after(wait, lambda: self._tool_returned(result))
             return
         self.records.append(
             RunRecord(
@@ -121,8 +145,7 @@ class Agent:
                 tuple(self._replicas),
             )
         )
-        self.arm.run_ended(self._run_id)
-        self._new_run()
+        self._run_done()
 
     def _tool_returned(self, result: dict) -> None:
         self._messages.append(result)

@@ -260,16 +260,23 @@ class Luftpause(Arm):
         if priority is not None:
             turn.request = dataclasses.replace(turn.request, priority=priority)
         # The dataplane reports the start as it sends the request; the engine answers later.
-        # The simulated agents stream, so each turn's first token is reported as it comes.
-        self._feed(TurnStarted(turn.turn_id, turn.run_id, at=self.clock.now, streamed=True))
+        # A streamed turn's first token is reported as it comes; a turn read whole reports it
+        # as the reply ends (`_finished`), as the dataplane does.
+        self._feed(TurnStarted(turn.turn_id, turn.run_id, at=self.clock.now, streamed=turn.streamed))
         self._dispatch(
             turn,
             replica,
-            on_first_token=lambda: self._feed(FirstToken(turn.turn_id, turn.run_id, at=self.clock.now)),
+            on_first_token=(
+                (lambda: self._feed(FirstToken(turn.turn_id, turn.run_id, at=self.clock.now)))
+                if turn.streamed
+                else None
+            ),
         )
 
     def _finished(self, turn: SimTurn) -> None:
         call = turn.reply.tool_call
+        if not turn.streamed:
+            self._feed(FirstToken(turn.turn_id, turn.run_id, at=self.clock.now))
         self._feed(
             TurnCompleted(
                 turn_id=turn.turn_id,

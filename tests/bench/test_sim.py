@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from luftpause.bench.sim import arms as sim_arms
+from luftpause.bench.sim.agents import Overheads
 from luftpause.bench.sim.cli import main
 from luftpause.bench.sim.run import simulate
-from luftpause.bench.sim.scenarios import Scenario
+from luftpause.bench.sim.scenarios import RUNTIME_OVERHEADS, SCENARIOS, Scenario
 from luftpause.fake_engine.params import EngineParams
 
 # A small flood: 14 agents on two replicas whose KV pools hold three turns each, so both queue.
@@ -132,3 +134,34 @@ def test_a_bad_seed_list_is_refused_with_what_to_write(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         main(["flood", "--seeds", "one-five", "--no-record"])
     assert "write e.g. 1-5" in capsys.readouterr().err
+
+
+def test_sub_agent_turns_are_read_whole_so_the_scheduler_hears_their_first_token_as_they_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[object] = []
+    real_decide = sim_arms.decide
+
+    def recording_decide(state, event):
+        events.append(event)
+        return real_decide(state, event)
+
+    monkeypatch.setattr(sim_arms, "decide", recording_decide)
+    sub_agents = replace(SMALL_FLOOD, streamed=False, overheads=RUNTIME_OVERHEADS)
+    simulate(sub_agents, "luftpause", seed=1, params=SMALL_POOL)
+    started = [e for e in events if type(e).__name__ == "TurnStarted"]
+    assert started and not any(e.streamed for e in started)
+    completed = {e.turn_id: e.at for e in events if type(e).__name__ == "TurnCompleted"}
+    first = {e.turn_id: e.at for e in events if type(e).__name__ == "FirstToken"}
+    assert set(first) == set(completed)
+    assert all(first[t] == completed[t] for t in completed)
+
+
+def test_the_runtime_overheads_lengthen_each_run_by_what_they_add() -> None:
+    plain = simulate(QUIET, "luftpause", seed=1)
+    slow = simulate(
+        replace(QUIET, overheads=Overheads(turn_s=1.0, tool_s=1.0, run_s=1.0)), "luftpause", seed=1
+    )
+    # Every run makes at least one tool call, so each of its runs takes at least 2 s longer.
+    assert slow.interactive_p50_s >= plain.interactive_p50_s + 2.0
+    assert "mcp-flood" in SCENARIOS and not SCENARIOS["mcp-flood"].streamed
