@@ -8,6 +8,7 @@ runs, so `luftpause --help` stays fast and a broken optional piece cannot stop t
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from luftpause import __version__, config, lifeline, logs
@@ -95,8 +96,9 @@ def _loadgen(args: argparse.Namespace) -> None:
                     warmup_s=args.warmup_s,
                 )
             )
-        for noisy in ("httpx", "httpx2", "mcp"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        # The MCP client's own per-request lines would break the progress line (the HTTP clients'
+        # are held back already, luftpause/logs.py).
+        logging.getLogger("mcp").setLevel(max(logging.WARNING, logging.getLogger().level))
         print(json.dumps(asyncio.run(summary)))
         return
 
