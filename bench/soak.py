@@ -8,7 +8,7 @@ load stopped: each service's growth from the median of the first minute to the m
 last, and the scheduler's in-flight and held counts, which must be back to zero. A markdown
 table and the JSON under bench/results/, and a PNG of the series.
 
-    luftpause bench soak [--duration-s 600] [--every-s 10] [--agents 8] [--spawn 4]
+    luftpause bench soak [--duration-s 600] [--every-s 10] [--agents 8] [--spawn 4] [--retention-s S]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _config(directory: Path) -> tuple[Path, dict[str, int]]:
+def _config(directory: Path, runtime_extra: str = "") -> tuple[Path, dict[str, int]]:
     ports = {name: _port() for name in ("grpc", "status", "dataplane", "runtime", "mcp", "a", "b")}
     path = directory / "luftpause.toml"
     path.write_text(
@@ -58,6 +58,7 @@ scheduler = "127.0.0.1:{ports["grpc"]}"
 port = {ports["runtime"]}
 dataplane = "http://127.0.0.1:{ports["dataplane"]}"
 state_dir = "{directory / "state"}"
+{runtime_extra}
 
 [[runtime.mcp_servers]]
 name = "fake-mcp"
@@ -89,9 +90,9 @@ class LoadedStack:
 
     CLI = (sys.executable, "-m", "luftpause")
 
-    def __init__(self, prefix: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, prefix: str, env: dict[str, str] | None = None, runtime_extra: str = "") -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
-        self.config, self.ports = _config(self.workdir)
+        self.config, self.ports = _config(self.workdir, runtime_extra)
         self.log = self.workdir / "up.log"
         self._env = {**os.environ, **(env or {})}
         self.loads: list[subprocess.Popen] = []
@@ -209,8 +210,9 @@ def _plot(samples: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
-def run(duration_s: float, every_s: float, agents: int, spawn: int) -> dict[str, Any]:
-    with LoadedStack("luftpause-soak-") as stack:
+def run(duration_s: float, every_s: float, agents: int, spawn: int, retention_s: float | None = None) -> dict[str, Any]:
+    extra = f"retention_s = {retention_s}" if retention_s is not None else ""
+    with LoadedStack("luftpause-soak-", runtime_extra=extra) as stack:
         stack.own_loop_agents(agents, duration_s, "soak")
         counts: dict[str, int] = {"spawn_errors": 0}
         started = time.monotonic()
@@ -243,6 +245,7 @@ def run(duration_s: float, every_s: float, agents: int, spawn: int) -> dict[str,
             if any(name in s["services"] for s in samples)
         }
         return {"duration_s": duration_s, "every_s": every_s, "agents": agents, "spawn": spawn,
+                "retention_s": retention_s,
                 "samples": samples, "growth": growth, "after": after, "sub_agents": counts,
                 "restarts": stack.restarts()}  # fmt: skip
 
@@ -270,11 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every-s", type=float, default=10.0)
     p.add_argument("--agents", type=int, default=8, help="own-loop agents per class")
     p.add_argument("--spawn", type=int, default=4, help="sub-agents per wave over MCP")
+    p.add_argument("--retention-s", type=float, help="the runtime's retention window (default: the config's, a day)")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     if not Path("/proc/self/status").exists():
         raise SystemExit("luftpause bench soak reads /proc: it runs on Linux")
-    record = run(args.duration_s, args.every_s, args.agents, args.spawn)
+    record = run(args.duration_s, args.every_s, args.agents, args.spawn, args.retention_s)
     table = _table(record)
     print(table)
     if not args.no_record:
