@@ -226,15 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         record = run_started(args.runs, args.repeats, args.context_chars, logs)
         shutil.rmtree(logs, ignore_errors=True)
         table = started_table(record)
-        path = results.write("fanout-start", record, table)
-        png = results.bars_png(
-            path.with_suffix(".png"),
+        print(table)
+        results.write_with_bars(
+            "fanout-start",
+            record,
+            table,
             f"Fan-out of {args.runs} sub-agents over MCP: time for all (median, range, each repeat)",
             "seconds",
             {arm: record["times_s"][arm] for arm in STARTED_ARMS},
         )
-        print(table)
-        print(f"record: {path}" + (f"\nplot: {png}" if png else ""))
         return 0
     print(f"fan-out benchmark: {args.runs} sub-agents, {args.repeats} repeat(s), against {args.runtime}")
     record = asyncio.run(run(args.runtime, args.runs, args.repeats))

@@ -31,7 +31,7 @@ import httpx
 from mcp import Client
 
 from luftpause.bench import results
-from luftpause.bench.soak import LoadedStack, _pids
+from luftpause.bench.soak import LoadedStack
 from luftpause.fake_mcp.server import CALLS_ENV
 
 VICTIMS = ("scheduler", "dataplane", "runtime", "fake-a", "fake-mcp")
@@ -67,17 +67,17 @@ async def _turn_answered(dataplane: str) -> bool:
         return False
 
 
-async def _kill_and_time(name: str, log: Path, health: str, dataplane: str) -> dict[str, Any]:
-    pid = _pids(log)[name]
+async def _kill_and_time(name: str, stack: LoadedStack, health: str) -> dict[str, Any]:
+    pid = stack.pids()[name]
     killed = time.monotonic()
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
     healthy_s = turn_s = None
     while time.monotonic() - killed < 60 and (healthy_s is None or turn_s is None):
         now = time.monotonic() - killed
-        if healthy_s is None and _pids(log).get(name) != pid and await _answers(health):
+        if healthy_s is None and stack.pids().get(name) != pid and await _answers(health):
             healthy_s = round(now, 2)
-        if turn_s is None and await _turn_answered(dataplane):
+        if turn_s is None and await _turn_answered(stack.dataplane):
             turn_s = round(time.monotonic() - killed, 2)
         await asyncio.sleep(0.1)
     return {"service": name, "killed_at": killed_at, "back_healthy_s": healthy_s, "turn_answered_s": turn_s}
@@ -97,7 +97,7 @@ def run(gap_s: float, agents: int, spawn: int) -> dict[str, Any]:
             health = _health_urls(stack.ports)
             for i, name in enumerate(VICTIMS, start=1):
                 await asyncio.sleep(max(0.0, started + i * gap_s - time.monotonic()))
-                kill = await _kill_and_time(name, stack.log, health[name], stack.dataplane)
+                kill = await _kill_and_time(name, stack, health[name])
                 kills.append(kill)
                 print(f"killed {name}: healthy again after {kill['back_healthy_s']} s, "
                       f"a turn answered after {kill['turn_answered_s']} s", flush=True)  # fmt: skip

@@ -229,10 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": rows,
             "ratios": summary,
         }
-        path = results.write("mcp_flood", record, text)
         counted = [row for row in rows if row["counts"]]
-        png = results.bars_png(
-            path.with_suffix(".png"),
+        results.write_with_bars(
+            "mcp_flood",
+            record,
+            text,
             "Sub-agents over MCP under a flood, real time: runs/min per repeat that counts",
             "runs/min",
             {
@@ -240,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for cls in ("interactive", "batch")
                 for arm in ARMS
             },
+            stream=sys.stderr,
         )
-        print(f"record: {path}" + (f"\nplot: {png}" if png else ""), file=sys.stderr)
     return 1 if failed else 0
 
 

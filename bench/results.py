@@ -85,3 +85,20 @@ def bars_png(path: Path, title: str, unit: str, rows: dict[str, list[float]]) ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_with_bars(
+    scenario: str,
+    record: dict[str, Any],
+    table: str,
+    title: str,
+    unit: str,
+    bars: dict[str, list[float]],
+    stream: Any = None,
+) -> Path:
+    """`write`, then `bars_png` beside the record, and a line saying where both went (to
+    `stream`, default stdout); returns the JSON path."""
+    path = write(scenario, record, table)
+    png = bars_png(path.with_suffix(".png"), title, unit, bars)
+    print(f"record: {path}" + (f"\nplot: {png}" if png else ""), file=stream)
+    return path

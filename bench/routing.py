@@ -181,9 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "per_arm": per_arm,
             "verdict": verdict,
         }
-        path = results.write("routing", record, text)
-        png = results.bars_png(
-            path.with_suffix(".png"),
+        results.write_with_bars(
+            "routing",
+            record,
+            text,
             f"Routing, {args.agents} sub-agents in flight: share of prompt tokens from the prefix cache",
             "share of prompt tokens",
             {
@@ -194,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]
                 for arm in ARMS
             },
+            stream=sys.stderr,
         )
-        print(f"record: {path}" + (f"\nplot: {png}" if png else ""), file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -168,9 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if not args.no_record:
         record = {"options": vars(args), "rows": rows, "summary": summary, "verdict": verdict}
-        path = results.write("single_pass", record, text)
-        png = results.bars_png(
-            path.with_suffix(".png"),
+        results.write_with_bars(
+            "single_pass",
+            record,
+            text,
             "/v1/decide at the dataplane: p99 per repeat that counts (luftpause in both)",
             "p99 latency, ms",
             {
@@ -180,7 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for arm, c in cells
             },
         )
-        print(f"record: {path}" + (f"\nplot: {png}" if png else ""))
     return 0
 
 

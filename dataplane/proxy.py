@@ -142,8 +142,9 @@ class Proxy:
         self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token)
         self.metrics = DataplaneMetrics()
         self.metrics.watch_scheduler(lambda: self.scheduler.connected)
-        # No read timeout on engine requests: a turn takes as long as the engine needs, and
-        # admission, not a pool limit, bounds how many go to each engine.
+        # No overall read timeout on engine requests: a turn takes as long as the engine needs,
+        # and admission, not a pool limit, bounds how many go to each engine; only an engine gone
+        # silent (before its reply begins, or in the middle of it) is given up on.
         settings = config.dataplane
         self.engines = EngineClient(
             connect_timeout_s=ENGINE_CONNECT_TIMEOUT_S,
