@@ -1,12 +1,12 @@
-"""Admit round trip on loopback: how long the dataplane waits for the scheduler when there is room.
+"""Admission round trip on loopback: how long the dataplane waits for the scheduler when there is room.
 
 Starts a real scheduler process (`python -m luftpause scheduler`) on free loopback ports in front
 of one stand-in replica (a tiny HTTP server in this process answering /health, and reporting no
-load, so every turn is placed at once), then calls Admit the way the dataplane does: one gRPC
-channel, one turn at a time (`--concurrency` at once, if asked), each turn reported completed on
-one long-lived Report stream right after its placement so the state stays small. Prints p50, p90,
-p99 and the mean of the Admit call alone, as the client sees it, and writes the record under
-bench/results/.
+load, so every turn is placed at once), then admits turns with the dataplane's own scheduler
+client over its Turns stream: one turn at a time (`--concurrency` at once, if asked), each turn
+reported completed right after its placement so the state stays small. Prints p50, p90, p99 and
+the mean of the admission alone (admit sent to placement read), as the client sees it, and
+writes the record under bench/results/.
 
     luftpause bench admit_latency [--turns 3000] [--concurrency 1] [--warmup 200]
 """
@@ -25,17 +25,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 
 from luftpause.bench import results
 from luftpause.config import TOKEN_ENV
-from luftpause.proto import pb, rpc
+from luftpause.dataplane.runs import RunBook
+from luftpause.dataplane.scheduler_client import SchedulerClient
+from luftpause.proto import pb
 
 MODEL = "bench-model"
 
@@ -99,19 +99,16 @@ def _scheduler(tmp: Path):
 
 
 async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> list[float]:
-    reports: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
-
-    async def outgoing() -> AsyncIterator[pb.TurnEvent]:
-        while (event := await reports.get()) is not None:
-            yield event
-
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = rpc.SchedulerStub(channel)
-        # The scheduler started here inherits LUFTPAUSE_TOKEN, and then asks for it.
-        token = os.environ.get(TOKEN_ENV)
-        md = (("authorization", f"Bearer {token}"),) if token else None
-        await stub.Resync(iter([pb.ResyncRequest()]), timeout=10, metadata=md)
-        stream = stub.Report(outgoing(), metadata=md)
+    # The scheduler started here inherits LUFTPAUSE_TOKEN, and then asks for it.
+    client = SchedulerClient(target, RunBook(), os.environ.get(TOKEN_ENV))
+    await client.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not client.connected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no Turns stream to the scheduler at {target} within 10 s")
+            await asyncio.sleep(0.01)
+        never: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         latencies: list[float] = []
         counter = iter(range(warmup + turns))
 
@@ -121,20 +118,18 @@ async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> li
                     turn_id=f"t{n}", run_id=f"r{n % 1000}", model=MODEL, caller=f"c{n % 10}"
                 )
                 started = time.perf_counter()
-                reply = await stub.Admit(request, timeout=10, metadata=md)
+                reply = await client.admit(request, never)
                 elapsed = time.perf_counter() - started
-                if reply.outcome != pb.AdmitReply.PLACED:
+                if reply is None or reply.outcome != pb.AdmitReply.PLACED:
                     raise RuntimeError(f"turn t{n} not placed: {reply}")
                 if n >= warmup:
                     latencies.append(elapsed)
                 completed = pb.TurnCompleted(finish_reason="stop", prompt_tokens=10, completion_tokens=5)
-                reports.put_nowait(
-                    pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, completed=completed)
-                )
+                client.report(pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, completed=completed))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        reports.put_nowait(None)
-        await stream
+    finally:
+        await client.close()
     return latencies
 
 
@@ -145,9 +140,9 @@ def _quantile(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="luftpause bench admit_latency", description=__doc__.split("\n\n")[0])
-    p.add_argument("--turns", type=int, default=3000, help="Admit calls measured")
-    p.add_argument("--warmup", type=int, default=200, help="Admit calls made first and not measured")
-    p.add_argument("--concurrency", type=int, default=1, help="Admit calls in flight at once")
+    p.add_argument("--turns", type=int, default=3000, help="admissions measured")
+    p.add_argument("--warmup", type=int, default=200, help="admissions made first and not measured")
+    p.add_argument("--concurrency", type=int, default=1, help="admissions in flight at once")
     p.add_argument("--no-record", action="store_true", help="print only; write nothing under bench/results/")
     args = p.parse_args(argv)
     # Waiting for the scheduler polls its /status; each poll is not news.
@@ -166,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_ms": round(max(ms), 3),
     }
     table = (
-        "| Admit calls | concurrency | p50 ms | p90 ms | p99 ms | mean ms | max ms |\n"
+        "| admissions | concurrency | p50 ms | p90 ms | p99 ms | mean ms | max ms |\n"
         "|---:|---:|---:|---:|---:|---:|---:|\n"
         f"| {row['turns']:,} | {row['concurrency']} | {row['p50_ms']} | {row['p90_ms']} | {row['p99_ms']} | "
         f"{row['mean_ms']} | {row['max_ms']} |"

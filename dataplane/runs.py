@@ -4,7 +4,7 @@ The scheduler holds the authoritative state, but it lives in another process and
 Every event the dataplane reports to it is applied here too, so this view always says what the
 scheduler would know had it seen every event: each run's last replica, phase, class and caller,
 and each placed turn not yet finished. After any reconnect, `resync_request` is sent before the
-report stream reopens and before anything is admitted again, split over messages of at most
+Turns stream reopens and before anything is admitted again, split over messages of at most
 1 MiB (`resync_chunks`) so that its size never matters.
 """
 

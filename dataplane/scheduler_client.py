@@ -1,14 +1,15 @@
-"""The dataplane's side of the scheduler contract: Admit per turn, one Report stream, Resync.
+"""The dataplane's side of the scheduler contract: one Turns stream for admissions and events, Resync.
 
-Admission is a unary call held by the scheduler until the turn is placed or refused; cancelling
-it abandons the turn. Turn events go out on one long-lived client stream fed from a queue, so
-reporting never waits on the network. The scheduler may be down or restarting at any moment:
+Admissions and turn events go out on one long-lived bidirectional stream, placements come back
+on it. What is ready goes out in one message whenever the stream is free to write (`_write`), so
+nothing waits for a batch to fill and a busy dataplane sends one message for many turns. The
+scheduler may be down or restarting at any moment:
 
-- an Admit that finds it unreachable is retried every second under the same turn id, and only
-  once the connection has been re-established and resynced;
-- when the report stream breaks, it is reopened a second later, and before that (and before any
-  admission goes out again) Resync replaces the scheduler's view of runs and turns in flight
-  with the dataplane's own (`runs.RunBook`), which every reported event has also updated.
+- a turn waiting for admission stays waiting in the dataplane while the scheduler is away, and
+  is admitted again under the same turn id on the next stream;
+- when the stream breaks, it is reopened a second later, and before that Resync replaces the
+  scheduler's view of runs and turns in flight with the dataplane's own (`runs.RunBook`), which
+  every reported event has also updated.
 
 Events still queued when the stream broke are dropped rather than resent: the resync already
 carries their effect.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
@@ -31,7 +31,6 @@ from luftpause.proto import pb, rpc
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
-ADMIT_RETRY_S = 1.0
 # A scheduler that takes the connection but never answers the resync is treated as unreachable.
 RESYNC_TIMEOUT_S = 10.0
 
@@ -45,7 +44,7 @@ _UNREACHABLE = {
 
 _CHANNEL_OPTIONS = [
     # gRPC's own reconnect backoff grows to two minutes by default; a restarted scheduler must
-    # be found again within about the report reconnect period.
+    # be found again within about the stream reconnect period.
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 1000),
@@ -62,28 +61,31 @@ class SchedulerClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._channel: grpc.aio.Channel | None = None
         self._stub: rpc.SchedulerStub | None = None
-        # One queue per report stream; None tells a stream's feeder that its stream is over.
-        self._events: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
+        # Turns waiting for their placement, by turn id: re-admitted on every new stream.
+        self._pending: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
+        # What the current stream is to carry next, and the writer's wake-up.
+        self._outbox: list[pb.DataplaneItem] = []
+        self._wake = asyncio.Event()
         self._synced = asyncio.Event()
-        self._report_call: grpc.aio.StreamUnaryCall | None = None
-        self._report_task: asyncio.Task[None] | None = None
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._stream_task: asyncio.Task[None] | None = None
         self._outage_logged = False
 
     @property
     def connected(self) -> bool:
-        """Resynced and reporting: admissions go out."""
+        """Resynced and streaming: admissions go out."""
         return self._synced.is_set()
 
     async def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
         self._stub = rpc.SchedulerStub(self._channel)
-        self._report_task = asyncio.create_task(self._keep_reporting(), name="scheduler-report")
+        self._stream_task = asyncio.create_task(self._keep_streaming(), name="scheduler-stream")
 
     async def close(self) -> None:
-        if self._report_task is not None:
-            self._report_task.cancel()
+        if self._stream_task is not None:
+            self._stream_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._report_task
+                await self._stream_task
         if self._channel is not None:
             await self._channel.close(grace=None)
 
@@ -94,52 +96,43 @@ class SchedulerClient:
     ) -> pb.AdmitReply | None:
         """Waits until the scheduler places the turn; raises UnknownModel or SchedulerFailed.
 
-        While the scheduler is unreachable this keeps trying, every second, under the same turn
-        id. When `abandoned` completes first (the client left), the call is cancelled, which the
-        scheduler takes as the turn being abandoned, and None is returned; if the scheduler had
-        placed the turn at that very moment, its reply is returned all the same and the caller
-        must report the turn failed to free the slot. A cancel that gRPC accepts does not prove
-        the scheduler had not placed the turn already (its reply may be on the wire), so the
-        turn is then also reported abandoned on the report stream (`_abandon`).
+        While the scheduler is unreachable the turn waits here, and is admitted again under the
+        same turn id once a new stream is up. When `abandoned` completes first (the client
+        left), the turn is reported abandoned, which takes it out of the scheduler's queue or,
+        if its placement was already on its way, frees the slot; None is returned. When both
+        happen at once the placement wins and is returned: the caller must then report the turn
+        failed to free the slot.
         """
         assert self._stub is not None, "start() first"
-        while True:
-            synced = asyncio.ensure_future(self._synced.wait())
-            if not await _first(synced, abandoned):
-                return None
-            call = self._stub.Admit(request, metadata=self._metadata)
-            answered = asyncio.ensure_future(_reply_of(call))
-            try:
-                await asyncio.wait({answered, abandoned}, return_when=asyncio.FIRST_COMPLETED)
-                # cancel() is False when the reply is already in: then it is read like any other.
-                if not answered.done() and call.cancel():
-                    answered.cancel()
-                    self._abandon(request)
-                    return None
-                await asyncio.wait({answered})
-            except asyncio.CancelledError:
-                if call.cancel():
-                    self._abandon(request)
-                answered.cancel()
-                raise
-            error = answered.exception()
-            if isinstance(error, grpc.aio.AioRpcError):
-                if error.code() not in _UNREACHABLE:
-                    raise SchedulerFailed(f"scheduler: {error.code().name}: {error.details()}")
-                log.warning(
-                    "scheduler unreachable for turn %s (%s); retrying", request.turn_id, error.code().name
-                )
-                self._connection_lost()
-                pause = asyncio.ensure_future(asyncio.sleep(ADMIT_RETRY_S))
-                if not await _first(pause, abandoned):
-                    return None
-                continue
-            if error is not None:
-                raise error
-            reply = answered.result()
-            if reply.outcome == pb.AdmitReply.UNKNOWN_MODEL:
-                raise UnknownModel(reply.message or f"no Generative replica serves model '{request.model}'")
-            return reply
+        placed: asyncio.Future[pb.AdmitReply] = asyncio.get_running_loop().create_future()
+        self._pending[request.turn_id] = (request, placed)
+        self._send(pb.DataplaneItem(admit=request))
+        try:
+            await asyncio.wait({placed, abandoned}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._withdraw(request)
+            raise
+        if not placed.done():
+            self._withdraw(request)
+            return None
+        reply = placed.result()
+        if reply.outcome == pb.AdmitReply.UNKNOWN_MODEL:
+            raise UnknownModel(reply.message or f"no Generative replica serves model '{request.model}'")
+        if reply.outcome != pb.AdmitReply.PLACED:
+            raise SchedulerFailed(f"scheduler: unexpected admission outcome {reply.outcome}")
+        return reply
+
+    def _withdraw(self, request: pb.AdmitRequest) -> None:
+        """The client left before the placement was read: the scheduler is told the turn is
+        abandoned, wherever it is (held, or placed with a reply we will never read)."""
+        if self._pending.pop(request.turn_id, None) is not None:
+            self.report(pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()))
+
+    def _placed(self, placement: pb.Placement) -> None:
+        # A placement for a turn withdrawn meanwhile is ignored: its abandon is on its way.
+        waiting = self._pending.pop(placement.turn_id, None)
+        if waiting is not None and not waiting[1].done():
+            waiting[1].set_result(placement.reply)
 
     # -- reporting --
 
@@ -149,50 +142,62 @@ class SchedulerClient:
     def report(self, event: pb.TurnEvent) -> None:
         """Records the event in the run book and queues it for the scheduler; never blocks."""
         self.runs.apply(event)
-        self._events.put_nowait(event)
+        self._send(pb.DataplaneItem(event=event))
 
-    def _abandon(self, request: pb.AdmitRequest) -> None:
-        """Tells the scheduler that a turn whose Admit we cancelled is abandoned, wherever it is:
-        held (the cancel says so as well), or placed just before the cancel, with a reply we will
-        never read and a slot that would otherwise stay taken until the turn timeout."""
-        self.report(pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()))
+    def _send(self, item: pb.DataplaneItem) -> None:
+        # While no stream is up, events are carried by the next resync and admissions by the
+        # pending turns; neither is kept for the stream.
+        if self._synced.is_set():
+            self._outbox.append(item)
+            self._wake.set()
 
-    def _connection_lost(self) -> None:
-        """Makes the report loop reconnect and resync before anything else is admitted."""
-        self._synced.clear()
-        if self._report_call is not None:
-            self._report_call.cancel()
+    # -- the stream --
 
-    @staticmethod
-    async def _outgoing(events: asyncio.Queue[pb.TurnEvent | None]) -> AsyncIterator[pb.TurnEvent]:
-        while (event := await events.get()) is not None:
-            yield event
+    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+        """Writes whatever is ready in one message each time the stream is free. A write that
+        fails ends the stream, so that its reader ends too and the stream is opened again."""
+        try:
+            while True:
+                await self._wake.wait()
+                # What the other turns queue in this turn of the event loop goes in the same message.
+                await asyncio.sleep(0)
+                self._wake.clear()
+                items, self._outbox = self._outbox, []
+                if items:
+                    await call.write(pb.DataplaneBatch(items=items))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
+            log.debug("write to the turns stream failed: %r", e)
+            call.cancel()
 
-    async def _keep_reporting(self) -> None:
+    async def _keep_streaming(self) -> None:
         assert self._stub is not None
         while True:
+            writer: asyncio.Future[None] | None = None
             try:
-                # Events still queued for the last stream are already part of the run book the
-                # resync sends; gRPC may keep that stream's feeder waiting on its queue, so it is
-                # told to stop rather than left to take events meant for the new stream.
-                self._events.put_nowait(None)
-                self._events = asyncio.Queue()
+                self._outbox = []
                 chunks = self.runs.resync_chunks()
                 await self._stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
-                self._report_call = self._stub.Report(self._outgoing(self._events), metadata=self._metadata)
+                call = self._call = self._stub.Turns(metadata=self._metadata)
+                # The turns still waiting go first, under their own ids, in the order they came.
+                self._outbox = [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
                 self._synced.set()
+                self._wake.set()
+                writer = asyncio.ensure_future(self._write(call))
                 self._outage_logged = False
                 log.info(
-                    "connected to scheduler at %s (resynced %d runs, %d turns in flight)",
+                    "connected to scheduler at %s (resynced %d runs, %d turns in flight); %d held turns admitted again",
                     self._target,
                     sum(len(c.runs) for c in chunks),
                     sum(len(c.turns) for c in chunks),
+                    len(self._pending),
                 )
-                await self._report_call
-                log.warning("scheduler ended the report stream; reconnecting")
+                while (batch := await call.read()) is not grpc.aio.EOF:
+                    for placement in batch.placements:
+                        self._placed(placement)
+                log.warning("scheduler ended the turns stream; reconnecting")
             except grpc.aio.AioRpcError as e:
                 if self._synced.is_set():
-                    log.warning("report stream to the scheduler broke (%s); reconnecting", e.code().name)
+                    log.warning("turns stream to the scheduler broke (%s); reconnecting", e.code().name)
                 elif e.code() in _UNREACHABLE:
                     # Once per outage: turns are held meanwhile, and whoever reads the log should know why.
                     log.log(
@@ -208,35 +213,16 @@ class SchedulerClient:
                         "scheduler at %s refused the resync: %s: %s", self._target, e.code().name, e.details()
                     )
             except asyncio.CancelledError:
-                # Our own cancel of the call (to force a resync) lands here too; only a cancel of
+                # gRPC's cancel of the call (a write failed) lands here too; only a cancel of
                 # this task itself ends the loop.
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
             finally:
                 self._synced.clear()
-                if self._report_call is not None:
-                    self._report_call.cancel()
-                    self._report_call = None
+                if writer is not None:
+                    writer.cancel()
+                if self._call is not None:
+                    self._call.cancel()
+                    self._call = None
             await asyncio.sleep(RECONNECT_S)
-
-
-async def _reply_of(call: grpc.aio.UnaryUnaryCall) -> pb.AdmitReply:
-    return await call
-
-
-async def _first(work: asyncio.Future[object], abandoned: asyncio.Future[object]) -> bool:
-    """Waits for `work` unless `abandoned` completes first; True when `work` finished.
-
-    `work` is cancelled when it loses. When both are done at once, `work` wins: a result that
-    arrived must not be dropped.
-    """
-    try:
-        await asyncio.wait({work, abandoned}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        work.cancel()
-        raise
-    if work.done():
-        return True
-    work.cancel()
-    return False

@@ -124,9 +124,33 @@ class TurnEvent(_message.Message):
     run_ended: RunEnded
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., completed: _Optional[_Union[TurnCompleted, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
 
-class ReportAck(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+class DataplaneItem(_message.Message):
+    __slots__ = ("admit", "event")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    admit: AdmitRequest
+    event: TurnEvent
+    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+
+class DataplaneBatch(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DataplaneItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[DataplaneItem, _Mapping]]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("turn_id", "reply")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    reply: AdmitReply
+    def __init__(self, turn_id: _Optional[str] = ..., reply: _Optional[_Union[AdmitReply, _Mapping]] = ...) -> None: ...
+
+class SchedulerBatch(_message.Message):
+    __slots__ = ("placements",)
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class RunState(_message.Message):
     __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s")

@@ -34,15 +34,10 @@ class SchedulerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Admit = channel.unary_unary(
-                '/luftpause.v1.Scheduler/Admit',
-                request_serializer=scheduler__pb2.AdmitRequest.SerializeToString,
-                response_deserializer=scheduler__pb2.AdmitReply.FromString,
-                _registered_method=True)
-        self.Report = channel.stream_unary(
-                '/luftpause.v1.Scheduler/Report',
-                request_serializer=scheduler__pb2.TurnEvent.SerializeToString,
-                response_deserializer=scheduler__pb2.ReportAck.FromString,
+        self.Turns = channel.stream_stream(
+                '/luftpause.v1.Scheduler/Turns',
+                request_serializer=scheduler__pb2.DataplaneBatch.SerializeToString,
+                response_deserializer=scheduler__pb2.SchedulerBatch.FromString,
                 _registered_method=True)
         self.Resync = channel.stream_unary(
                 '/luftpause.v1.Scheduler/Resync',
@@ -54,29 +49,22 @@ class SchedulerStub:
 class SchedulerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Admit(self, request, context):
-        """Held until the turn is placed on a replica or refused (unknown model). A caller that
-        cancels the call abandons the turn: it leaves the wait queue and no engine request is made.
-        Since a cancel may cross a placement already on its way, the caller also reports the turn
-        abandoned on Report; an abandon that arrives before its Admit makes the Admit CANCELLED.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Report(self, request_iterator, context):
-        """One stream per dataplane for the lifetime of its connection; events in the order they
-        happened. The scheduler stamps each with its own clock on receipt.
+    def Turns(self, request_iterator, context):
+        """Admissions and turn events from the dataplane, placements back, in order on each side.
+        A held turn is answered when it is placed or refused (unknown model). A turn the client
+        left is reported abandoned, wherever it is: held (it leaves the wait queue and no engine
+        request is made) or placed by a placement still on its way (its slot is freed). When the
+        stream ends, every turn it admitted and the scheduler still holds is abandoned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Resync(self, request_iterator, context):
-        """Sent on startup and after every reconnect, before Report is reopened and before any Admit:
-        the dataplane's whole view, split over as many messages as keep each well under gRPC's
-        message limit, so that a view of any size goes through. The scheduler applies it once the
-        stream has ended, whole; a stream that breaks off changes nothing.
+        """Sent on startup and after every reconnect, before Turns is opened: the dataplane's whole
+        view, split over as many messages as keep each well under gRPC's message limit, so that a
+        view of any size goes through. The scheduler applies it once the stream has ended, whole;
+        a stream that breaks off changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,15 +73,10 @@ class SchedulerServicer:
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Admit': grpc.unary_unary_rpc_method_handler(
-                    servicer.Admit,
-                    request_deserializer=scheduler__pb2.AdmitRequest.FromString,
-                    response_serializer=scheduler__pb2.AdmitReply.SerializeToString,
-            ),
-            'Report': grpc.stream_unary_rpc_method_handler(
-                    servicer.Report,
-                    request_deserializer=scheduler__pb2.TurnEvent.FromString,
-                    response_serializer=scheduler__pb2.ReportAck.SerializeToString,
+            'Turns': grpc.stream_stream_rpc_method_handler(
+                    servicer.Turns,
+                    request_deserializer=scheduler__pb2.DataplaneBatch.FromString,
+                    response_serializer=scheduler__pb2.SchedulerBatch.SerializeToString,
             ),
             'Resync': grpc.stream_unary_rpc_method_handler(
                     servicer.Resync,
@@ -112,7 +95,7 @@ class Scheduler:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Admit(request,
+    def Turns(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -122,39 +105,12 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/luftpause.v1.Scheduler/Admit',
-            scheduler__pb2.AdmitRequest.SerializeToString,
-            scheduler__pb2.AdmitReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Report(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/luftpause.v1.Scheduler/Report',
-            scheduler__pb2.TurnEvent.SerializeToString,
-            scheduler__pb2.ReportAck.FromString,
+            '/luftpause.v1.Scheduler/Turns',
+            scheduler__pb2.DataplaneBatch.SerializeToString,
+            scheduler__pb2.SchedulerBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 `core.decide(state, event) -> (state, actions)` is the whole policy, pure and replayable, over
 `state.State` (persistent maps and the B-tree sets of `ordered`), the events in `events` and the
 actions in `actions`. `host.serve(config)` is the
-process around it: gRPC for the dataplane (Admit, Report, Resync), the prober (`prober`), a 1 s
+process around it: gRPC for the dataplane (the Turns stream and Resync), the prober (`prober`), a 1 s
 clock, and the status document and page (`status`) on the status port.
 """
 

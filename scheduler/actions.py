@@ -1,6 +1,6 @@
 """What the scheduler decides: the actions `decide` returns for its host to carry out.
 
-`Place` and `Refuse` answer an Admit call; the others are news for logs, metrics and the
+`Place` and `Refuse` answer an admission; the others are news for logs, metrics and the
 simulator (the state already reflects them). Every action names the turn or run it is about.
 """
 
@@ -22,7 +22,7 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class Refuse:
-    """No replica of the turn's kind serves its model: answer the Admit with `message`, at once."""
+    """No replica of the turn's kind serves its model: answer the admission with `message`, at once."""
 
     turn_id: str
     run_id: str

@@ -30,9 +30,9 @@ There are three kinds of thing, each with a small state machine:
             for RUN_IDLE_EXPIRY_S.
 
   Turn      arrives -> refused at once when no replica of its kind serves its model at all;
-            otherwise HELD -> PLACED (an Admit answered) -> gone when reported completed, failed
+            otherwise HELD -> PLACED (its admission answered) -> gone when reported completed, failed
             or abandoned, or dropped after TURN_TIMEOUT_S without a report. A held turn can also
-            be abandoned (its client cancelled the Admit).
+            be abandoned (its client left).
 
 Placement. A held turn may go to a healthy replica of its kind that serves its model. A run that
 is GENERATING or PAUSED may go only to its last replica, while that replica is healthy and serves
@@ -125,7 +125,7 @@ def decide(state: State, event: Event) -> Decision:
     if handler is None:
         raise TypeError(f"decide: not a scheduler event: {event!r}")
     tx = _Tx(state)
-    # Events from different sources (prober, clock, Admit) may be stamped slightly out of order;
+    # Events from different sources (prober, clock, the Turns stream) may be stamped slightly out of order;
     # the state's clock only moves forward.
     if event.at > tx.now:
         tx.now = event.at
@@ -422,7 +422,7 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
         )
         for r in e.runs
     ]
-    # Held turns are ours alone (their Admit calls are open here); placed ones are the dataplane's word.
+    # Held turns are ours alone (their dataplanes wait on them here); placed ones are the dataplane's word.
     turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD}
     for r in e.turns:
         replica = tx.replicas.get(r.replica)
@@ -430,7 +430,7 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
             continue  # a replica no longer in the pool: nothing to count it against
         held = turns.get(r.turn_id)
         if held is not None:
-            # The dataplane already runs a turn we were holding: answer its open Admit with that.
+            # The dataplane already runs a turn we were holding: answer its waiting admission with that.
             actions.append(Place(r.turn_id, r.run_id, r.replica, replica.url, e.at - held.arrived_at))
         else:
             tx.next_seq += 1

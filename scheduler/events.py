@@ -1,7 +1,7 @@
 """What can happen to the scheduler: the events `decide` consumes.
 
 Each event is a frozen dataclass carrying the time it happened (`at`, seconds on the caller's
-clock). The gRPC host makes them from Admit calls, the report stream and Resync; the prober
+clock). The gRPC host makes them from the Turns stream and Resync; the prober
 from health and metrics probes; the clock from its 1 s tick. The simulator makes the same ones
 in virtual time. An event names things by id; it never carries a reference into the state.
 """
@@ -70,7 +70,7 @@ class ReplicaProbed:
 
 @dataclass(frozen=True, slots=True)
 class TurnArrived:
-    """An Admit call: a turn asks where to go. A retried admission reuses its turn id."""
+    """An admission: a turn asks where to go. A retried admission reuses its turn id."""
 
     turn_id: str
     run_id: str
@@ -131,7 +131,8 @@ class TurnFailed:
 
 @dataclass(frozen=True, slots=True)
 class TurnAbandoned:
-    """The client gave up on the turn: cancelled its Admit while held, or left before the request went out."""
+    """The client gave up on the turn: it left while the turn was held (or its dataplane's
+    stream ended), or just as the turn was placed, before the engine request went out."""
 
     turn_id: str
     run_id: str

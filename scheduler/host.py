@@ -1,9 +1,10 @@
 """The scheduler process: the gRPC server, the prober, the clock and the status server around `decide`.
 
-Everything here translates. An Admit call becomes a `TurnArrived` and waits for the `Place` or
-`Refuse` the core emits for that turn (at once or after being held); a cancelled Admit becomes a
-`TurnAbandoned`. Each message on the Report stream becomes the matching turn event, stamped with
-this process's monotonic clock on receipt; a Resync becomes `Resynced`. The prober and a 1 s tick
+Everything here translates. Each dataplane keeps one Turns stream open (a `Link` here): an admit
+on it becomes a `TurnArrived`, and the `Place` or `Refuse` the core emits for that turn (at once
+or after being held) goes back on the same stream; every other item becomes the matching turn
+event, stamped with this process's monotonic clock on receipt. A stream that ends abandons the
+turns still waiting on it. A Resync becomes `Resynced`. The prober and a 1 s tick
 feed `ReplicaProbed` and `Tick`. With `LUFTPAUSE_TOKEN` set, the gRPC port takes only calls that
 carry it as a bearer token (`BearerCheck`). All of it runs on one asyncio event loop and
 `SchedulerHost.feed` never awaits, so calls into `decide` are serialised without a lock: each runs
@@ -39,12 +40,52 @@ from luftpause.scheduler.status import build_app
 log = logging.getLogger("luftpause.scheduler")
 
 TICK_PERIOD_S = 1.0
-# How long an abandon reported before its turn's Admit arrived is remembered.
-ABANDONED_EARLY_KEPT_S = 60.0
+# How long a refused call's request stream is read before the refusal is sent.
+REFUSAL_DRAIN_S = 1.0
 
 _CLASSES = {pb.INTERACTIVE: ServiceClass.INTERACTIVE, pb.BATCH: ServiceClass.BATCH}
 _KINDS = {pb.GENERATIVE: Kind.GENERATIVE, pb.SINGLE_PASS: Kind.SINGLE_PASS}
 _PHASES = {pb.IDLE: Phase.IDLE, pb.GENERATING: Phase.GENERATING, pb.PAUSED: Phase.PAUSED}
+
+
+class Link:
+    """One dataplane's Turns stream as the host sees it: the turns waiting on it for an answer
+    (by turn id, with their run) and the placements ready to be written to it."""
+
+    __slots__ = ("waiting", "outbox", "ready", "closed")
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, str] = {}
+        self.outbox: list[pb.Placement] = []
+        self.ready = asyncio.Event()
+        self.closed = False
+
+    def answer(self, action: Place | Refuse) -> None:
+        self.waiting.pop(action.turn_id, None)
+        self.outbox.append(placement(action))
+        self.ready.set()
+
+    def take(self) -> list[pb.Placement]:
+        """The placements to write now; waits again unless the stream is over."""
+        out, self.outbox = self.outbox, []
+        if not self.closed:
+            self.ready.clear()
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+        self.ready.set()
+
+
+def placement(action: Place | Refuse) -> pb.Placement:
+    """The core's answer to a turn as the dataplane reads it."""
+    if isinstance(action, Refuse):
+        reply = pb.AdmitReply(outcome=pb.AdmitReply.UNKNOWN_MODEL, message=action.message)
+    else:
+        reply = pb.AdmitReply(
+            outcome=pb.AdmitReply.PLACED, replica=action.replica, url=action.url, held_ms=action.held_s * 1000.0
+        )
+    return pb.Placement(turn_id=action.turn_id, reply=reply)
 
 
 class SchedulerHost:
@@ -54,17 +95,12 @@ class SchedulerHost:
         self.config = config
         self.clock = clock
         self.state = State()
-        # Open Admit calls per turn id; a retried admission may wait beside the first.
-        self._waiting: dict[str, list[asyncio.Future[Place | Refuse]]] = {}
-        # Turns reported abandoned before their Admit was seen (the Report stream overtook the
-        # call the client had just cancelled), by when: such an Admit is dropped on arrival.
-        self._abandoned_early: dict[str, float] = {}
+        # The stream each held turn's answer goes to.
+        self._waiting: dict[str, Link] = {}
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
     def feed(self, event: ev.Event) -> tuple[Action, ...]:
         before = self.state
-        if isinstance(event, ev.TurnAbandoned) and event.turn_id not in before.turns:
-            self._abandoned_early[event.turn_id] = event.at
         self.state, actions = decide(self.state, event)
         if isinstance(event, ev.ReplicaProbed):
             self._log_health_change(before, event)
@@ -80,9 +116,9 @@ class SchedulerHost:
                 else:
                     log.debug("turn %s of run %s placed on %s after %.3f s", action.turn_id, action.run_id,
                               action.replica, action.held_s)  # fmt: skip
-                for waiter in self._waiting.pop(action.turn_id, []):
-                    if not waiter.done():
-                        waiter.set_result(action)
+                link = self._waiting.pop(action.turn_id, None)
+                if link is not None:
+                    link.answer(action)
             case TurnExpired():
                 log.warning("turn %s of run %s on %s never reported done; dropped, its slot freed",
                             action.turn_id, action.run_id, action.replica)  # fmt: skip
@@ -94,37 +130,43 @@ class SchedulerHost:
         if old is not None and (old.healthy != probe.healthy or not old.probed):
             log.info("replica %s is %s", probe.name, "healthy" if probe.healthy else "unhealthy")
 
-    def abandoned_already(self, turn_id: str) -> bool:
-        """Whether the dataplane reported this turn abandoned before its Admit arrived."""
-        return self._abandoned_early.pop(turn_id, None) is not None
+    def admit(self, arrived: ev.TurnArrived, link: Link) -> None:
+        """Holds the turn until the core places or refuses it; the answer goes to `link`.
 
-    async def admit(self, arrived: ev.TurnArrived) -> Place | Refuse:
-        """Waits until the core places or refuses the turn; cancelling the wait abandons the turn."""
-        waiter: asyncio.Future[Place | Refuse] = asyncio.get_running_loop().create_future()
-        # Registered before the event is fed, since the answer may come back from this very call.
-        self._waiting.setdefault(arrived.turn_id, []).append(waiter)
+        A turn admitted again under the same id (its dataplane reconnected while the old stream
+        was still open here) is not held twice: its answer goes to the newer stream.
+        """
+        owner = self._waiting.get(arrived.turn_id)
+        self._waiting[arrived.turn_id] = link
+        link.waiting[arrived.turn_id] = arrived.run_id
+        if owner is not None:
+            if owner is not link:
+                owner.waiting.pop(arrived.turn_id, None)
+            return
         self.feed(arrived)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            others = [w for w in self._waiting.get(arrived.turn_id, []) if w is not waiter]
-            if others:
-                self._waiting[arrived.turn_id] = others
-            else:
-                self._waiting.pop(arrived.turn_id, None)
-                self.feed(ev.TurnAbandoned(arrived.turn_id, arrived.run_id, self.clock()))
-            raise
+
+    def abandon(self, turn_id: str, run_id: str) -> None:
+        """The client left: the turn leaves the queue if held, or frees its slot if just placed."""
+        link = self._waiting.pop(turn_id, None)
+        if link is not None:
+            link.waiting.pop(turn_id, None)
+        self.feed(ev.TurnAbandoned(turn_id, run_id, self.clock()))
+
+    def disconnect(self, link: Link) -> None:
+        """A stream ended: the turns still waiting on it are abandoned, as their dataplane is gone
+        (or will admit them again, under the same ids, once it has reconnected and resynced)."""
+        link.close()
+        for turn_id, run_id in list(link.waiting.items()):
+            if self._waiting.get(turn_id) is link:
+                self.abandon(turn_id, run_id)
+        link.waiting.clear()
 
     def tick(self) -> None:
-        now = self.clock()
-        self.feed(ev.Tick(now))
-        # An Admit comes within moments of its own cancel, or not at all.
-        for turn_id in [t for t, at in self._abandoned_early.items() if now - at > ABANDONED_EARLY_KEPT_S]:
-            del self._abandoned_early[turn_id]
+        self.feed(ev.Tick(self.clock()))
 
 
 def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
-    """The core event for one Report message, or None for a message with no event set."""
+    """The core event for one turn event from the Turns stream, or None for one with no event set."""
     match message.WhichOneof("event"):
         case "started":
             return ev.TurnStarted(message.turn_id, message.run_id, at, message.started.streamed)
@@ -186,36 +228,56 @@ class SchedulerService(rpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
 
-    async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
-        if not request.turn_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "turn_id is required")
-        if self.host.abandoned_already(request.turn_id):
-            await context.abort(grpc.StatusCode.CANCELLED, "the turn was already reported abandoned")
-        arrived = ev.TurnArrived(
-            turn_id=request.turn_id,
-            run_id=request.run_id,
-            service_class=_CLASSES.get(request.service_class, ServiceClass.INTERACTIVE),
-            caller=request.caller,
-            model=request.model,
-            kind=_KINDS.get(request.kind, Kind.GENERATIVE),
-            at=self.host.clock(),
-        )
-        outcome = await self.host.admit(arrived)
-        if isinstance(outcome, Refuse):
-            return pb.AdmitReply(outcome=pb.AdmitReply.UNKNOWN_MODEL, message=outcome.message)
-        return pb.AdmitReply(
-            outcome=pb.AdmitReply.PLACED,
-            replica=outcome.replica,
-            url=outcome.url,
-            held_ms=outcome.held_s * 1000.0,
-        )
+    async def Turns(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN201
+        link = Link()
+        reader = asyncio.ensure_future(self._read(request_iterator, link))
+        try:
+            while True:
+                await link.ready.wait()
+                placements = link.take()
+                if placements:
+                    await context.write(pb.SchedulerBatch(placements=placements))
+                elif link.closed:
+                    break
+        finally:
+            reader.cancel()
+            self.host.disconnect(link)
+        if not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # type: ignore[misc]
 
-    async def Report(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ReportAck:
-        async for message in request_iterator:
-            event = turn_event(message, self.host.clock())
-            if event is not None:
-                self.host.feed(event)
-        return pb.ReportAck()
+    async def _read(self, request_iterator, link: Link) -> None:  # noqa: ANN001
+        try:
+            async for batch in request_iterator:
+                for item in batch.items:
+                    self._apply(item, link)
+        finally:
+            link.close()
+
+    def _apply(self, item: pb.DataplaneItem, link: Link) -> None:
+        host = self.host
+        if item.WhichOneof("item") == "admit":
+            request = item.admit
+            if not request.turn_id:
+                log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
+                return
+            arrived = ev.TurnArrived(
+                turn_id=request.turn_id,
+                run_id=request.run_id,
+                service_class=_CLASSES.get(request.service_class, ServiceClass.INTERACTIVE),
+                caller=request.caller,
+                model=request.model,
+                kind=_KINDS.get(request.kind, Kind.GENERATIVE),
+                at=host.clock(),
+            )
+            host.admit(arrived, link)
+            return
+        message = item.event
+        if message.WhichOneof("event") == "abandoned":
+            host.abandon(message.turn_id, message.run_id)
+            return
+        event = turn_event(message, host.clock())
+        if event is not None:
+            host.feed(event)
 
     async def Resync(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
         # The whole view first: a stream that breaks off before its end leaves the state as it was.
@@ -248,7 +310,14 @@ class BearerCheck(grpc.aio.ServerInterceptor):
 def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that answers UNAUTHENTICATED and does nothing else."""
 
-    async def refuse(_request, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN202
+    async def refuse(request, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN202
+        if handler.request_streaming:
+            # Read what the client sends (for a moment at most) before answering: a stream closed
+            # under a client still writing reaches it as INTERNAL, not as the refusal.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(REFUSAL_DRAIN_S):
+                    async for _ in request:
+                        pass
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong bearer token (see {TOKEN_ENV})")
 
     make = {
@@ -356,7 +425,7 @@ async def _main(config: _config.Config) -> None:
 
     log.info("stopping")
     status.should_exit = True
-    # Open Admit calls are cancelled here; their turns leave the held queue as abandoned.
+    # Open Turns streams are cancelled here; their held turns leave the queue as abandoned.
     await server.stop(grace=1.0)
     for task in tasks[1:]:
         task.cancel()

@@ -50,7 +50,7 @@ class Phase(StrEnum):
 
 
 class TurnStatus(StrEnum):
-    HELD = "held"  # waiting in the scheduler; its Admit call is still open
+    HELD = "held"  # waiting in the scheduler; its dataplane waits for the placement
     PLACED = "placed"  # on a replica, counted in flight there until reported done
 
 

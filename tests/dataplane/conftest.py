@@ -1,7 +1,7 @@
 """In-process doubles for the dataplane's neighbours, to drive the failure cases exactly.
 
 `FakeScheduler` is a gRPC server speaking the real contract whose admissions a test can hold,
-refuse, or let through, and which records every call and event. `ScriptedEngine` is an ASGI app
+refuse, or let through, and which records every admission and event. `ScriptedEngine` is an ASGI app
 that answers chat completions the way a test tells it to: a whole reply, a stream that ends,
 breaks off or waits, or an error status. The dataplane itself runs under uvicorn on a loopback
 port in the test's own event loop, so the client, the dataplane and both doubles share one loop
@@ -81,28 +81,56 @@ class FakeScheduler(rpc.SchedulerServicer):
             await self._server.stop(grace=None)
             self._server = None
 
-    async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
-        self.admits.append(request)
-        self.log.append(("admit", request.turn_id))
-        if request.model != MODEL:
-            return pb.AdmitReply(
-                outcome=pb.AdmitReply.UNKNOWN_MODEL,
-                message=f"no Generative replica serves model '{request.model}'",
-            )
-        try:
+    async def Turns(self, request_iterator: AsyncIterator[pb.DataplaneBatch], context: Any):  # noqa: ANN201
+        """Answers admissions on the stream (held ones once released), records every item."""
+        answers: asyncio.Queue[pb.Placement] = asyncio.Queue()
+        held: dict[str, asyncio.Task[None]] = {}
+
+        async def place_when_released(request: pb.AdmitRequest) -> None:
             while self.hold:
                 self._release.clear()
                 await self._release.wait()
-        except asyncio.CancelledError:
-            self.abandoned.append(request.turn_id)
-            raise
-        return pb.AdmitReply(outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url)
+            held.pop(request.turn_id, None)
+            reply = pb.AdmitReply(outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url)
+            answers.put_nowait(pb.Placement(turn_id=request.turn_id, reply=reply))
 
-    async def Report(self, request_iterator: AsyncIterator[pb.TurnEvent], context: Any) -> pb.ReportAck:
-        async for event in request_iterator:
-            self.events.append(event)
-            self.log.append((event.WhichOneof("event"), event.turn_id))
-        return pb.ReportAck()
+        async def read() -> None:
+            async for batch in request_iterator:
+                for item in batch.items:
+                    if item.WhichOneof("item") == "admit":
+                        request = item.admit
+                        self.admits.append(request)
+                        self.log.append(("admit", request.turn_id))
+                        if request.model != MODEL:
+                            reply = pb.AdmitReply(
+                                outcome=pb.AdmitReply.UNKNOWN_MODEL,
+                                message=f"no Generative replica serves model '{request.model}'",
+                            )
+                            answers.put_nowait(pb.Placement(turn_id=request.turn_id, reply=reply))
+                        else:
+                            held[request.turn_id] = asyncio.ensure_future(place_when_released(request))
+                        continue
+                    event = item.event
+                    self.events.append(event)
+                    self.log.append((event.WhichOneof("event"), event.turn_id))
+                    if event.WhichOneof("event") == "abandoned" and event.turn_id in held:
+                        # Abandoned while held: it leaves the queue unanswered.
+                        held.pop(event.turn_id).cancel()
+                        self.abandoned.append(event.turn_id)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while not reader.done() or not answers.empty():
+                getting = asyncio.ensure_future(answers.get())
+                await asyncio.wait({getting, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getting.done():
+                    await context.write(pb.SchedulerBatch(placements=[getting.result()]))
+                else:
+                    getting.cancel()
+        finally:
+            reader.cancel()
+            for task in held.values():
+                task.cancel()
 
     async def Resync(self, request_iterator: Any, context: Any) -> pb.ResyncReply:
         request = pb.ResyncRequest()

@@ -162,11 +162,10 @@ async def test_a_client_leaving_while_held_abandons_the_turn_before_any_engine_r
         await until(lambda: stack.scheduler.admits, what="the admission")
         pending.cancel()
     turn_id = stack.scheduler.admits[0].turn_id
-    await until(lambda: stack.scheduler.abandoned == [turn_id], what="the admit call to be cancelled")
+    await until(lambda: stack.scheduler.abandoned == [turn_id], what="the held turn to be abandoned")
     stack.scheduler.release()
     assert stack.engine.requests == []
-    # Nothing started; the abandon is also said on the report stream, in case the scheduler had
-    # placed the turn just as the call was cancelled (test_dataplane_admission_race.py).
+    # Nothing started: the abandon is the only event of the turn.
     await until(lambda: stack.scheduler.kinds(turn_id) == ["abandoned"], what="the abandon to be reported")
 
 

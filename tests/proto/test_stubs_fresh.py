@@ -18,8 +18,8 @@ def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
         )
 
 
-def test_stubs_expose_the_three_rpcs() -> None:
+def test_stubs_expose_the_two_rpcs() -> None:
     from luftpause.proto import rpc
 
     servicer = rpc.SchedulerServicer
-    assert {"Admit", "Report", "Resync"} <= set(dir(servicer))
+    assert {"Turns", "Resync"} <= set(dir(servicer))

@@ -1,6 +1,6 @@
 """The scheduler's gRPC port with `LUFTPAUSE_TOKEN` set takes only calls that carry the token.
 
-Without it anyone who could reach the port could hold every slot with rogue Admits, wipe the
+Without it anyone who could reach the port could hold every slot with rogue admissions, wipe the
 in-flight counts with an empty Resync, or inject ghost turns. Real processes on loopback: two
 fake engines, the scheduler and the dataplane, all with the token; a rogue gRPC client without
 it (and one with a wrong one) is refused UNAUTHENTICATED and changes nothing, while the
@@ -25,25 +25,70 @@ MODEL = "fake-llama"
 
 def _status(ports: Ports) -> dict:
     # The status documents want the token too when the scheduler has one.
-    r = httpx.get(f"http://127.0.0.1:{ports.status}/status", headers={"authorization": f"Bearer {TOKEN}"}, timeout=5)
+    r = httpx.get(
+        f"http://127.0.0.1:{ports.status}/status", headers={"authorization": f"Bearer {TOKEN}"}, timeout=5
+    )
     r.raise_for_status()
     return r.json()
 
 
-async def _refused(target: str, metadata: tuple[tuple[str, str], ...] | None) -> list[str]:
-    """Tries each call a rogue client would; returns the status code names it got."""
-    codes = []
+async def _drain(call: grpc.aio.StreamStreamCall) -> None:
+    async for _ in call:
+        pass
+
+
+async def _refused(target: str, metadata: tuple[tuple[str, str], ...] | None) -> tuple[list[str], list[str]]:
+    """Tries each call a rogue client would; returns the status code names it got, and what
+    each error said."""
+    codes: list[str] = []
+    details: list[str] = []
     async with grpc.aio.insecure_channel(target) as channel:
         stub = rpc.SchedulerStub(channel)
         calls = (
-            lambda: stub.Admit(pb.AdmitRequest(turn_id="rogue-1", run_id="rogue", model=MODEL), metadata=metadata),
+            lambda: _drain(
+                stub.Turns(
+                    iter(
+                        [
+                            pb.DataplaneBatch(
+                                items=[
+                                    pb.DataplaneItem(
+                                        admit=pb.AdmitRequest(turn_id="rogue-1", run_id="rogue", model=MODEL)
+                                    )
+                                ]
+                            )
+                        ]
+                    ),
+                    metadata=metadata,
+                )
+            ),
             lambda: stub.Resync(iter([pb.ResyncRequest()]), metadata=metadata),
             lambda: stub.Resync(
-                iter([pb.ResyncRequest(turns=[pb.InFlightTurn(turn_id="ghost", replica="fake-a", model=MODEL)])]),
+                iter(
+                    [
+                        pb.ResyncRequest(
+                            turns=[pb.InFlightTurn(turn_id="ghost", replica="fake-a", model=MODEL)]
+                        )
+                    ]
+                ),
                 metadata=metadata,
             ),
-            lambda: stub.Report(
-                iter([pb.TurnEvent(turn_id="x", run_id="y", abandoned=pb.TurnAbandoned())]), metadata=metadata
+            lambda: _drain(
+                stub.Turns(
+                    iter(
+                        [
+                            pb.DataplaneBatch(
+                                items=[
+                                    pb.DataplaneItem(
+                                        event=pb.TurnEvent(
+                                            turn_id="x", run_id="y", abandoned=pb.TurnAbandoned()
+                                        )
+                                    )
+                                ]
+                            )
+                        ]
+                    ),
+                    metadata=metadata,
+                )
             ),
         )
         for call in calls:
@@ -51,9 +96,10 @@ async def _refused(target: str, metadata: tuple[tuple[str, str], ...] | None) ->
                 await asyncio.wait_for(call(), timeout=5)
             except grpc.aio.AioRpcError as e:
                 codes.append(e.code().name)
+                details.append(f"{e.code().name}: {e.details()}")
             else:
                 codes.append("OK")
-    return codes
+    return codes, details
 
 
 def test_without_the_token_every_call_is_refused_and_the_dataplane_still_serves(tmp_path: Path):
@@ -62,8 +108,11 @@ def test_without_the_token_every_call_is_refused_and_the_dataplane_still_serves(
     env = {"LUFTPAUSE_TOKEN": TOKEN}
     engines = [
         # Slowed down, so the turn the test opens is still running when the rogue calls come.
-        Service(name, ["fake-engine", "--name", name, "--port", str(port), "--time-scale", "50"],
-                tmp_path / f"{name}.log")  # fmt: skip
+        Service(
+            name,
+            ["fake-engine", "--name", name, "--port", str(port), "--time-scale", "50"],
+            tmp_path / f"{name}.log",
+        )  # fmt: skip
         for name, port in zip(("fake-a", "fake-b"), ports.engines, strict=True)
     ]
     scheduler = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log")
@@ -81,12 +130,15 @@ def test_without_the_token_every_call_is_refused_and_the_dataplane_still_serves(
             lambda: httpx.get(f"{dataplane_url}/health", timeout=5).json()["scheduler"] == "connected",
             what="the dataplane, which has the token, to connect",
         )
-        with httpx.Client(timeout=60) as client, client.stream(
-            "POST",
-            f"{dataplane_url}/v1/chat/completions",
-            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
-            headers={"authorization": f"Bearer {TOKEN}"},
-        ) as turn:
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST",
+                f"{dataplane_url}/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                headers={"authorization": f"Bearer {TOKEN}"},
+            ) as turn,
+        ):
             # Admitted through the scheduler, so the dataplane's own calls carry the token.
             assert turn.status_code == 200
             wait_until(lambda: sum(in_flight()) == 1, what="the turn to be in flight")
@@ -94,12 +146,13 @@ def test_without_the_token_every_call_is_refused_and_the_dataplane_still_serves(
 
             target = f"127.0.0.1:{ports.grpc}"
             for metadata in (None, (("authorization", "Bearer not-the-token"),)):
-                assert asyncio.run(_refused(target, metadata)) == ["UNAUTHENTICATED"] * 4
+                codes, details = asyncio.run(_refused(target, metadata))
+                assert codes == ["UNAUTHENTICATED"] * 4, details
 
             after = _status(ports)
             assert (after["held"], after["runs"]) == (before["held"], before["runs"])
             assert in_flight() == [r["in_flight"] for r in before["replicas"]]
-        # The client left: the dataplane says so on its report stream, which the scheduler takes.
+        # The client left: the dataplane says so on its Turns stream, which the scheduler takes.
         wait_until(lambda: sum(in_flight()) == 0, what="the turn's end to reach the scheduler")
         # Its status documents need the token as well; its page holds no data and stays open.
         status = f"http://127.0.0.1:{ports.status}"

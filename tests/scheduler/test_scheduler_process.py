@@ -20,6 +20,7 @@ import grpc
 import httpx
 import pytest
 from support import Ports, Service, free_port, running, write_config
+from turns_stream import TurnsStream
 
 from luftpause.proto import pb, rpc
 
@@ -132,14 +133,6 @@ def _admit(turn_id: str, run_id: str, model: str = MODEL, **kw) -> pb.AdmitReque
     return pb.AdmitRequest(turn_id=turn_id, run_id=run_id, model=model, caller="tests", **kw)
 
 
-async def _report(stub: rpc.SchedulerStub, *events: pb.TurnEvent) -> None:
-    call = stub.Report()
-    for event in events:
-        await call.write(event)
-    await call.done_writing()
-    await call
-
-
 def _completed(turn_id: str, run_id: str, tool_calls: bool = False) -> pb.TurnEvent:
     completed = pb.TurnCompleted(
         finish_reason="tool_calls" if tool_calls else "stop",
@@ -152,9 +145,8 @@ def _completed(turn_id: str, run_id: str, tool_calls: bool = False) -> pb.TurnEv
 
 async def test_admit_places_a_turn_and_the_run_shows_in_status(scheduler: Scheduler):
     await _engine_load(scheduler, running=0, waiting=0)
-    async with grpc.aio.insecure_channel(scheduler.target) as channel:
-        stub = rpc.SchedulerStub(channel)
-        reply = await stub.Admit(_admit("p-t1", "p-r1"), timeout=10)
+    async with grpc.aio.insecure_channel(scheduler.target) as channel, TurnsStream(channel) as turns:
+        reply = await turns.admit(_admit("p-t1", "p-r1"))
         assert reply.outcome == pb.AdmitReply.PLACED
         assert (reply.replica, reply.url) == ("fake-a", f"http://127.0.0.1:{scheduler.ports.engines[0]}")
 
@@ -165,7 +157,7 @@ async def test_admit_places_a_turn_and_the_run_shows_in_status(scheduler: Schedu
             assert run["class"] == "interactive"
             assert run["caller"] == "tests"
 
-            await _report(stub, _completed("p-t1", "p-r1", tool_calls=True))
+            await turns.report(_completed("p-t1", "p-r1", tool_calls=True))
 
             async def paused() -> bool:
                 return (await client.get(f"{scheduler.status_url}/status/runs/p-r1")).json()[
@@ -174,7 +166,7 @@ async def test_admit_places_a_turn_and_the_run_shows_in_status(scheduler: Schedu
 
             await _eventually(paused, "run p-r1 to show as paused on its tool")
 
-            await _report(stub, pb.TurnEvent(run_id="p-r1", run_ended=pb.RunEnded()))
+            await turns.report(pb.TurnEvent(run_id="p-r1", run_ended=pb.RunEnded()))
 
             async def forgotten() -> bool:
                 return (await client.get(f"{scheduler.status_url}/status/runs/p-r1")).status_code == 404
@@ -185,8 +177,8 @@ async def test_admit_places_a_turn_and_the_run_shows_in_status(scheduler: Schedu
 
 
 async def test_unknown_model_is_refused_at_once(scheduler: Scheduler):
-    async with grpc.aio.insecure_channel(scheduler.target) as channel:
-        reply = await rpc.SchedulerStub(channel).Admit(_admit("u-t1", "u-r1", model="gpt-nope"), timeout=5)
+    async with grpc.aio.insecure_channel(scheduler.target) as channel, TurnsStream(channel) as turns:
+        reply = await turns.admit(_admit("u-t1", "u-r1", model="gpt-nope"), within_s=5)
     assert reply.outcome == pb.AdmitReply.UNKNOWN_MODEL
     assert reply.message == "no Generative replica serves model 'gpt-nope'"
 
@@ -197,15 +189,14 @@ async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ou
     # Someone else's request waits in the engine: with our first turn behind it, the engine's
     # queue holds the lookahead's worth (2), so the next turn waits here.
     await _engine_load(scheduler, running=1, waiting=1)
-    async with grpc.aio.insecure_channel(scheduler.target) as channel:
-        stub = rpc.SchedulerStub(channel)
-        first = await stub.Admit(_admit("h-t1", "h-r1"), timeout=10)
+    async with grpc.aio.insecure_channel(scheduler.target) as channel, TurnsStream(channel) as turns:
+        first = await turns.admit(_admit("h-t1", "h-r1"))
         assert first.outcome == pb.AdmitReply.PLACED
-        await _report(
-            stub, pb.TurnEvent(turn_id="h-t1", run_id="h-r1", started=pb.TurnStarted(streamed=True))
+        await turns.report(
+            pb.TurnEvent(turn_id="h-t1", run_id="h-r1", started=pb.TurnStarted(streamed=True))
         )
 
-        second = asyncio.ensure_future(stub.Admit(_admit("h-t2", "h-r2", service_class=pb.BATCH), timeout=20))
+        second = await turns.admit_later(_admit("h-t2", "h-r2", service_class=pb.BATCH))
 
         async def held() -> dict:
             doc = await _status(scheduler)
@@ -220,41 +211,49 @@ async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ou
         assert not second.done()
 
         # Our turn's first token: the engine started it, and whatever queued ahead of it too.
-        await _report(stub, pb.TurnEvent(turn_id="h-t1", run_id="h-r1", first_token=pb.FirstToken()))
+        await turns.report(pb.TurnEvent(turn_id="h-t1", run_id="h-r1", first_token=pb.FirstToken()))
         reply = await asyncio.wait_for(second, 10)
         assert reply.outcome == pb.AdmitReply.PLACED
         assert reply.replica == "fake-a"
         assert reply.held_ms > 0
 
-        await _report(stub, _completed("h-t1", "h-r1"), _completed("h-t2", "h-r2"))
+        await turns.report(_completed("h-t1", "h-r1"), _completed("h-t2", "h-r2"))
     await _engine_load(scheduler, running=0, waiting=0)
 
 
-async def test_a_cancelled_admit_leaves_the_held_queue(scheduler: Scheduler):
-    await _engine_load(scheduler, running=1, waiting=1)
+async def _held_count(scheduler: Scheduler, n: int, what: str) -> None:
+    async def check() -> bool:
+        return (await _status(scheduler))["held"]["count"] == n
+
+    await _eventually(check, what)
+
+
+async def test_an_abandoned_held_turn_leaves_the_held_queue(scheduler: Scheduler):
+    # Two requests of others wait in the engine: the lookahead (2) is used up, so ours is held
+    # however often the engine is probed meanwhile.
+    await _engine_load(scheduler, running=1, waiting=2)
+    async with grpc.aio.insecure_channel(scheduler.target) as channel, TurnsStream(channel) as turns:
+        held = await turns.admit_later(_admit("c-t1", "c-r1"))
+        await _held_count(scheduler, 1, "the turn to be held")
+        await turns.abandon("c-t1", "c-r1")
+        await _held_count(scheduler, 0, "the abandoned turn to leave the held queue")
+
+        # Room comes back, and the abandoned turn does not take it: it never runs.
+        await _engine_load(scheduler, running=0, waiting=0)
+        assert (await _status(scheduler))["replicas"][0]["in_flight"] == 0
+        assert not held.done(), "an abandoned turn gets no placement"
+
+
+async def test_a_stream_that_ends_abandons_the_turns_it_held(scheduler: Scheduler):
+    await _engine_load(scheduler, running=1, waiting=2)
     async with grpc.aio.insecure_channel(scheduler.target) as channel:
-        stub = rpc.SchedulerStub(channel)
-        assert (await stub.Admit(_admit("c-t1", "c-r1"), timeout=10)).outcome == pb.AdmitReply.PLACED
-        call = stub.Admit(_admit("c-t2", "c-r2"), timeout=20)
-
-        async def held_count(n: int):
-            async def check() -> bool:
-                return (await _status(scheduler))["held"]["count"] == n
-
-            return check
-
-        await _eventually(await held_count(1), "the second turn to be held")
-        call.cancel()
-        await _eventually(await held_count(0), "the cancelled turn to leave the held queue")
-
-        # Its slot is not taken when the first turn ends: the cancelled turn never runs.
-        await _report(stub, _completed("c-t1", "c-r1"))
-
-        async def idle_replica() -> bool:
-            return (await _status(scheduler))["replicas"][0]["in_flight"] == 0
-
-        await _eventually(idle_replica, "no turn in flight on fake-a")
+        async with TurnsStream(channel) as turns:
+            await turns.admit_later(_admit("e-t1", "e-r1"))
+            await _held_count(scheduler, 1, "the turn to be held")
+        # The dataplane went away: nobody waits for the held turn any more.
+        await _held_count(scheduler, 0, "the held turn of the ended stream to leave the queue")
     await _engine_load(scheduler, running=0, waiting=0)
+    assert (await _status(scheduler))["replicas"][0]["in_flight"] == 0
 
 
 async def test_resync_restores_the_dataplanes_runs_and_turns(scheduler: Scheduler):
@@ -278,7 +277,8 @@ async def test_resync_restores_the_dataplanes_runs_and_turns(scheduler: Schedule
             run = (await client.get(f"{scheduler.status_url}/status/runs/s-r1")).json()
         assert (run["replica"], run["phase"], run["caller"]) == ("fake-a", "paused", "dp")
         assert (await _status(scheduler))["replicas"][0]["in_flight"] == 1
-        await _report(stub, _completed("s-t9", "s-r9"))
+        async with TurnsStream(channel) as turns:
+            await turns.report(_completed("s-t9", "s-r9"))
         # An empty resync, as after a dataplane restart with nothing in flight, clears the slate.
         await stub.Resync(iter([pb.ResyncRequest()]), timeout=5)
         assert (await _status(scheduler))["runs"]["count"] == 0
@@ -304,8 +304,8 @@ async def test_prober_reads_the_fake_engine_and_sigterm_stops_the_scheduler(tmp_
             replica = await _eventually(probed, "the first probe of the fake engine")
             assert replica["healthy"] is True
             assert (replica["waiting"], replica["waiting_ours"], replica["limit"]) == (0, 0, 2)
-            async with grpc.aio.insecure_channel(s.target) as channel:
-                reply = await rpc.SchedulerStub(channel).Admit(_admit("f-t1", "f-r1"), timeout=10)
+            async with grpc.aio.insecure_channel(s.target) as channel, TurnsStream(channel) as turns:
+                reply = await turns.admit(_admit("f-t1", "f-r1"))
             assert reply.replica == "fake-a"
 
             service.kill(signal.SIGTERM)

@@ -180,11 +180,15 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
         ),
         what="both replicas probed unhealthy",
     )
+    stream_open = threading.Event()
+
+    def admission() -> Iterator[pb.DataplaneBatch]:
+        request = pb.AdmitRequest(turn_id="page-t1", run_id="page-r1", model="fake-llama", caller="page-team")
+        yield pb.DataplaneBatch(items=[pb.DataplaneItem(admit=request)])
+        stream_open.wait(60)  # the dataplane stays, so the turn stays held
+
     with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
-        admit = rpc.SchedulerStub(channel).Admit.future(
-            pb.AdmitRequest(turn_id="page-t1", run_id="page-r1", model="fake-llama", caller="page-team"),
-            timeout=60,
-        )
+        admit = rpc.SchedulerStub(channel).Turns(admission(), timeout=60)
         try:
             wait_until(
                 lambda: httpx.get(f"http://127.0.0.1:{ports.status}/status").json()["held"]["count"] == 1,
@@ -192,6 +196,7 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
             )
             page = _render(f"http://127.0.0.1:{ports.status}/", tmp_path / "profile")
         finally:
+            stream_open.set()
             admit.cancel()
 
     replicas = {r[0]: r for r in page.bodies["replicas"]}
