@@ -11,9 +11,12 @@ to the model, await and cancel answer).
 
 A write or fsync that fails (a full disk, an I/O error) fails every waiter and every later
 append with `JournalError`, and a disk slower than `DURABLE_TIMEOUT_S` fails the waiter: the
-client sees the error, and nothing is lost silently. Opening a file ends a torn last line (a
-crash mid-write) with a newline, so the next record starts on a line of its own; readers skip
-the fragment.
+client sees the error, and nothing is lost silently. Nor does a failed step come back: files are
+written unbuffered, so no line waits in a buffer for a later flush (a stop once space is freed)
+to write, and each file the failed batch wrote to is cut back to its last durable line, so a
+spawn refused for a full disk is not in the journal the next start replays. Opening a file ends
+a torn last line (a crash mid-write) with a newline, so the next record starts on a line of its
+own; readers skip the fragment.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import json
 import logging
 import os
 import threading
+from io import FileIO
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,9 @@ class JsonlWriter:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._files: dict[Path, TextIO] = {}
+        self._files: dict[Path, FileIO] = {}
+        # Each open file's length up to its last durable line: a failed batch is cut back to it.
+        self._sizes: dict[Path, int] = {}
         self._queue: list[tuple[Path, str]] = []
         self._appended = 0  # lines queued so far
         self._durable = 0  # of those, the lines on disk
@@ -70,8 +76,10 @@ class JsonlWriter:
                     f.write(b"\n")
                     f.flush()
                     os.fsync(f.fileno())
+        f = path.open("ab", buffering=0)
         with self._cond:
-            self._files[path] = path.open("a", encoding="utf-8")
+            self._files[path] = f
+            self._sizes[path] = f.seek(0, os.SEEK_END)
 
     def append(self, path: Path, record: dict[str, Any]) -> None:
         """Queues one record for `path`; `durable` says when it is on disk."""
@@ -119,6 +127,7 @@ class JsonlWriter:
         finally:
             with self._cond:
                 f = self._files.pop(path, None)
+                self._sizes.pop(path, None)
             if f is not None:
                 try:
                     f.close()
@@ -146,28 +155,54 @@ class JsonlWriter:
                     return
                 batch, self._queue = self._queue, []
                 upto = self._appended
-                files = dict(self._files)
+                files, sizes = dict(self._files), dict(self._sizes)
+            lines: dict[Path, list[str]] = {}
+            for path, line in batch:
+                lines.setdefault(path, []).append(line)
+            written: dict[Path, int] = {}
             current = None
             try:
-                touched: dict[Path, TextIO] = {}
-                for current, line in batch:
-                    touched[current] = files[current]
-                    touched[current].write(line)
-                for target in touched:
-                    current = target
-                    touched[target].flush()
-                    os.fsync(touched[target].fileno())
+                for current, text in lines.items():
+                    f = files[current]
+                    data = memoryview("".join(text).encode("utf-8"))
+                    while data:
+                        n = f.write(data)
+                        written[current] = written.get(current, 0) + n
+                        data = data[n:]
+                    os.fsync(f.fileno())
             except (OSError, KeyError, ValueError) as e:
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+                self._cut_back(files, sizes, written)
                 self._fail(JournalError(f"cannot write the journal {current}: {reason}"))
                 return
             with self._cond:
+                for path, n in written.items():
+                    if self._files.get(path) is files[path]:  # not closed and opened again since
+                        self._sizes[path] += n
                 self._durable = upto
                 ready = [w for w in self._waiters if w[0] <= upto]
                 self._waiters = [w for w in self._waiters if w[0] > upto]
                 self._cond.notify_all()
             for _, loop, future in ready:
                 self._wake(loop, future, None)
+
+    @staticmethod
+    def _cut_back(files: dict[Path, FileIO], sizes: dict[Path, int], written: dict[Path, int]) -> None:
+        """Takes the lines of a failed batch out of every file it wrote to: none of its steps is
+        acknowledged, so none may be replayed."""
+        for path, n in written.items():
+            if not n:
+                continue
+            try:
+                fd = files[path].fileno()
+                os.ftruncate(fd, sizes[path])
+            except (OSError, ValueError) as e:
+                log.error("journal: cannot cut %s back to its last durable line (%s)", path, e)
+                continue
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass  # it reads back cut all the same; only a crash now could bring the lines back
 
     def _fail(self, error: JournalError) -> None:
         log.error("%s; every step from now on fails until the runtime is restarted", error)

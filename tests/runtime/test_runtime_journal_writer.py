@@ -1,5 +1,6 @@
 """The journal's writer (journal_writer.py): off the event loop, in order, one fsync per batch,
-and a disk that fails or stalls is an error the waiting step sees."""
+a disk that fails or stalls is an error the waiting step sees, and a batch that failed leaves
+none of its lines in the file."""
 
 import asyncio
 import errno
@@ -82,3 +83,27 @@ async def test_a_stalled_disk_is_an_error_in_time_and_the_event_loop_runs_on(tmp
     stalled.set()
     writer.close()
     assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [1]
+
+
+async def test_a_failed_batch_leaves_none_of_its_lines_for_a_later_start(tmp_path, monkeypatch):
+    # The write went through but its fsync failed: the step is refused, so its line must go.
+    writer = JsonlWriter()
+    path = tmp_path / "runs.jsonl"
+    writer.open(path)
+    writer.append(path, {"n": 1})
+    await writer.durable()
+    real_fsync = journal_writer.os.fsync
+    full = {"on": True}
+
+    def fsync(fd):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_writer.os, "fsync", fsync)
+    writer.append(path, {"n": 2})
+    with pytest.raises(JournalError):
+        await writer.durable()
+    full["on"] = False  # space again, then the runtime stops: closing writes nothing more
+    writer.close()
+    assert [r["n"] for r in read_records(path)] == [1]
