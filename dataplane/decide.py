@@ -219,10 +219,7 @@ class Decide:
         if fetched is None:
             return
         content, _ = fetched
-        observation = observe_completion(content)
-        if observation.first_token:
-            proxy.report(turn, first_token=pb.FirstToken())
-        proxy.ended(turn, observation)
+        proxy.ended(turn, observe_completion(content))
         try:
             reply = json.loads(content)
         except ValueError:

@@ -126,6 +126,7 @@ class Turn:
     # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
     placed: bool = False
     ended: bool = False
+    first_token_seen: bool = False
 
     @property
     def scheduler_run_id(self) -> str:
@@ -322,10 +323,7 @@ class Proxy:
             else:
                 content = await self.read_whole(turn, upstream, answer, client_left)
                 if content is not None:
-                    observation = observe_completion(content)
-                    if observation.first_token:
-                        self.report(turn, first_token=pb.FirstToken())
-                    self.ended(turn, observation)
+                    self.ended(turn, observe_completion(content))
                     await answer.respond(content, upstream)
         finally:
             await upstream.aclose()
@@ -335,8 +333,7 @@ class Proxy:
     ) -> EngineResponse | None:
         """Sends the engine request; the response with its body still to read, or None when the
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
-        self.report(turn, started=pb.TurnStarted(streamed=turn.streamed))
-        turn.sent_at = time.perf_counter()
+        self.started(turn)
         try:
             return await _unless_client_leaves(self.engines.post(request), client_left)
         except ClientLeft:
@@ -396,30 +393,24 @@ class Proxy:
         async def pump() -> None:
             async for chunk in upstream.iter_body():
                 if observer.feed(chunk):
-                    self.report(turn, first_token=pb.FirstToken())
+                    self.first_token(turn)
                 await send_chunk(chunk)
 
         await answer.start(upstream)
-        pumping = asyncio.ensure_future(pump())
         try:
-            await asyncio.wait({pumping, client_left}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not pumping.done():
-                pumping.cancel()
-                await asyncio.wait({pumping})
-        if pumping.cancelled():
+            await _unless_client_leaves(pump(), client_left)
+        except ClientLeft:
             # Closing the engine request (on the way out of _chat) stops its generation.
             self.failed(turn, "the client left mid-stream")
             return
-        observation = observer.close()
-        error = pumping.exception()
-        if error is not None:
+        except Exception as error:
             log.warning("engine %s broke off turn %s mid-stream: %r", turn.replica, turn.id, error)
             self.failed(turn, f"engine {turn.replica}: stream broke off: {error!r}")
             # The response is left unfinished: the connection closes without the final chunk,
             # which is how the client learns the reply is lost.
             _cut_off_on_purpose.set(True)
             return
+        observation = observer.close()
         if not (observation.done or observation.finish_reason):
             self.failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
             _cut_off_on_purpose.set(True)
@@ -434,42 +425,53 @@ class Proxy:
         self.failed(turn, refusal.message)
         await answer.refuse(refusal)
 
-    # -- reporting --
+    # -- reporting: what happened to a turn, told to the scheduler and counted in the metrics --
 
-    def report(self, turn: Turn, **event: Any) -> None:
-        if "first_token" in event:
-            # Reported once a turn, streamed or not: the scheduler's first token is the metric's.
-            self.metrics.first_token(
-                headers.class_name(turn.service_class), time.perf_counter() - turn.sent_at
-            )
-        elif "completed" in event or "failed" in event:
-            if turn.ended:
-                return
-            turn.ended = True
-            self.metrics.in_flight.dec()
-            self.metrics.ended(turn.route, "completed" if "completed" in event else "failed")
-        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event))
+    def started(self, turn: Turn) -> None:
+        """The engine request goes out now."""
+        self._report(turn, started=pb.TurnStarted(streamed=turn.streamed))
+        turn.sent_at = time.perf_counter()
+
+    def first_token(self, turn: Turn) -> None:
+        """The engine's first token reached us (once a turn, streamed or not)."""
+        if turn.first_token_seen:
+            return
+        turn.first_token_seen = True
+        self.metrics.first_token(headers.class_name(turn.service_class), time.perf_counter() - turn.sent_at)
+        self._report(turn, first_token=pb.FirstToken())
 
     def failed(self, turn: Turn, error: str) -> None:
-        self.report(turn, failed=pb.TurnFailed(error=error))
+        self._end(turn, "failed", failed=pb.TurnFailed(error=error))
 
     def ended(self, turn: Turn, observation: ReplyObservation) -> None:
-        """Reports a reply that came back whole: completed, or failed when the engine said it failed."""
+        """A reply that came back whole: completed (its first token first, if not told yet), or
+        failed when the engine said it failed."""
         if observation.error:
             self.failed(turn, f"engine {turn.replica}: {observation.error}")
             return
+        if observation.first_token:
+            self.first_token(turn)
         if observation.tool_call_ids and turn.scheduler_run_id:
             # The agent's next turn echoes these ids; that is how a run without a header is found.
             self.memory.remember(observation.tool_call_ids, turn.run_id)
-        self.report(
-            turn,
-            completed=pb.TurnCompleted(
-                finish_reason=observation.finish_reason,
-                prompt_tokens=observation.prompt_tokens,
-                completion_tokens=observation.completion_tokens,
-                tool_call_ids=observation.tool_call_ids,
-            ),
+        completed = pb.TurnCompleted(
+            finish_reason=observation.finish_reason,
+            prompt_tokens=observation.prompt_tokens,
+            completion_tokens=observation.completion_tokens,
+            tool_call_ids=observation.tool_call_ids,
         )
+        self._end(turn, "completed", completed=completed)
+
+    def _end(self, turn: Turn, outcome: str, **event: Any) -> None:
+        if turn.ended:
+            return
+        turn.ended = True
+        self.metrics.in_flight.dec()
+        self.metrics.ended(turn.route, outcome)
+        self._report(turn, **event)
+
+    def _report(self, turn: Turn, **event: Any) -> None:
+        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event))
 
     # -- helpers --
 
