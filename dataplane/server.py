@@ -1,5 +1,5 @@
-"""The dataplane's HTTP server: uvicorn's h11 protocol with a deadline for request heads and a
-connection limit, and the file-descriptor limit raised to what the connection limit needs.
+"""The dataplane's HTTP server: uvicorn's httptools protocol with a deadline for request heads and
+a connection limit, and the file-descriptor limit raised to what the connection limit needs.
 
 uvicorn closes a kept-alive connection that stays silent after a response, but nothing stops a
 client that opens connections and sends their heads a byte at a time: each is held open for as
@@ -21,10 +21,8 @@ import asyncio
 import json
 import logging
 import resource
-from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +41,19 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
     return head.encode("latin-1") + body
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, with the head deadline and the connection limit (see the module)."""
+class _Guard:
+    """The head deadline and the connection limit (see the module), over a uvicorn protocol
+    that calls `_head_arrived` once a request's whole head is parsed."""
 
     header_timeout_s: float = 10.0
     max_connections: int = 0  # 0: no limit
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._head_deadline: asyncio.TimerHandle | None = None
+    _head_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if self.max_connections and len(self.connections) > self.max_connections:
-            log.warning("refused a connection: %d open, the limit is %d", len(self.connections) - 1,
-                        self.max_connections)  # fmt: skip
+        super().connection_made(transport)  # type: ignore[misc]
+        if self.max_connections and len(self.connections) > self.max_connections:  # type: ignore[attr-defined]
+            log.warning("refused a connection: %d open, the limit is %d",
+                        len(self.connections) - 1, self.max_connections)  # type: ignore[attr-defined]  # fmt: skip
             transport.write(
                 _raw_response(
                     503,
@@ -70,34 +66,30 @@ class GuardedH11Protocol(H11Protocol):
             return
         self._await_head()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._head_deadline is not None and self.conn.their_state is not h11.IDLE:
-            # The head is in: the request is under way.
-            self._head_deadline.cancel()
-            self._head_deadline = None
-
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
+        super().on_response_complete()  # type: ignore[misc]
+        if not self.transport.is_closing():  # type: ignore[attr-defined]
             self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _head_arrived(self) -> None:
         if self._head_deadline is not None:
             self._head_deadline.cancel()
             self._head_deadline = None
-        super().connection_lost(exc)
 
     def _await_head(self) -> None:
-        if self._head_deadline is not None:
-            self._head_deadline.cancel()
-        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_late)
+        self._head_arrived()
+        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_late)  # type: ignore[attr-defined]
 
     def _head_too_late(self) -> None:
         self._head_deadline = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing():
             return
-        self.transport.write(
+        transport.write(
             _raw_response(
                 408,
                 "Request Timeout",
@@ -105,14 +97,22 @@ class GuardedH11Protocol(H11Protocol):
                 "([dataplane] header_timeout_s)",
             )
         )
-        self.transport.close()
+        transport.close()
 
 
-def protocol(header_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
+class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
+    """uvicorn's httptools protocol, guarded: the head is in once httptools has parsed it."""
+
+    def on_headers_complete(self) -> None:
+        self._head_arrived()
+        super().on_headers_complete()
+
+
+def protocol(header_timeout_s: float, max_connections: int) -> type[GuardedHttpToolsProtocol]:
     """The protocol class for uvicorn's `http` setting, with these limits."""
     return type(
-        "DataplaneH11Protocol",
-        (GuardedH11Protocol,),
+        "DataplaneProtocol",
+        (GuardedHttpToolsProtocol,),
         {"header_timeout_s": header_timeout_s, "max_connections": max_connections},
     )
 
