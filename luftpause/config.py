@@ -66,12 +66,23 @@ class Replica(_Strict):
     load_from: list[str] = []
     # How many of our turns may wait inside this engine's own queue at once (see
     # scheduler/admission.py); 0 turns the limit off (a hosted API with room for anything).
+    # Unset, it is LOOKAHEAD for a generative replica and 0 for a single-pass one: a single-pass
+    # turn is one forward pass, batched with whatever waits beside it, and holds no slot that an
+    # interactive run could need (the description: single-pass turns "neither hold nor wait for
+    # a generative slot"), so holding it back would only add latency.
     lookahead: int = Field(default=LOOKAHEAD, ge=0, le=64)
     # Whether this engine orders its queue by the request body's `priority`, and which value
     # goes first: "sglang" (--enable-priority-scheduling: higher first), "vllm" (--scheduling-policy
     # priority, or SGLang with --schedule-low-priority-values-first: lower first). With "none"
     # the body goes as the client sent it; dataplane/priority.py has the numbers and why.
     engine_priority: Literal["none", "sglang", "vllm"] = "none"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_pass_takes_every_turn(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") == "single-pass" and "lookahead" not in data:
+            return {**data, "lookahead": 0}
+        return data
 
     def api_key(self) -> str | None:
         """The API key from the environment, or None when no variable is configured or it is unset."""

@@ -45,6 +45,13 @@ def test_lookahead_is_two_unless_a_replica_sets_it(tmp_path: Path) -> None:
     assert config.load(f).replicas[0].lookahead == 0
 
 
+def test_a_single_pass_replica_takes_every_turn_unless_it_sets_a_lookahead(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    one = '[[replicas]]\nname = "{name}"\nurl = "http://x"\nkind = "single-pass"\nmodels = ["m"]\n'
+    f.write_text(one.format(name="classifier") + one.format(name="capped") + "lookahead = 3\n")
+    assert [r.lookahead for r in config.load(f).replicas] == [0, 3]
+
+
 def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     replica = config.Replica(name="r", url="https://x", models=["m"], api_key_env="LP_TEST_KEY")
     monkeypatch.delenv("LP_TEST_KEY", raising=False)
