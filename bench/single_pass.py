@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import shutil
+import socket
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from luftpause.bench import results
 from luftpause.bench import stack as stacks
@@ -63,24 +63,45 @@ def body(arm: str, i: int) -> dict[str, Any]:
     return {"model": DEFAULT_MODEL, "input": text, "labels": LABELS}
 
 
+async def _post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> tuple[int, bytes]:
+    """One POST on a kept-alive connection; the status and the whole body (sent with a length)."""
+    writer.write(head + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    reply = await reader.readuntil(b"\r\n\r\n")
+    status = int(reply[9:12])
+    length = 0
+    for line in reply.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return status, await reader.readexactly(length)
+
+
 async def measure(s: stacks.Stack, arm: str, concurrency: int, calls: int) -> list[float]:
-    """`calls` decisions from `concurrency` callers; each one's latency in ms, in no order."""
+    """`calls` decisions from `concurrency` callers; each one's latency in ms, in no order.
+
+    Each caller is a bare asyncio HTTP/1.1 client on its own kept-alive connection (TCP_NODELAY):
+    an HTTP library costs a core of its own at 20 callers, which on two cores left no window of
+    the baseline arm unsaturated."""
     latencies: list[float] = []
     errors: list[str] = []
     counter = iter(range(calls))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     url, path = (s.single_pass_url, "/classify") if arm == "direct" else (s.front_url, "/v1/decide")
-    async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
+    host, port = url.removeprefix("http://").split(":")
+    head = f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n".encode()
 
-        async def caller() -> None:
+    async def caller() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
             for i in counter:
                 started = time.perf_counter()
-                r = await client.post(path, json=body(arm, i))
+                status, content = await _post(reader, writer, head, json.dumps(body(arm, i)).encode())
                 latencies.append((time.perf_counter() - started) * 1000.0)
-                if r.status_code != 200 or not r.json().get("data"):
-                    errors.append(f"{r.status_code}: {r.text[:200]}")
+                if status != 200 or not json.loads(content).get("data"):
+                    errors.append(f"{status}: {content[:200]!r}")
+        finally:
+            writer.close()
 
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
     if errors:
         raise RuntimeError(f"{len(errors)} of {calls} decisions failed, e.g. {errors[0]}")
     return latencies
