@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import uvicorn
@@ -192,6 +193,18 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
     return None
 
 
+def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
+    """What an admission and a turn in a resync say alike about a turn, as the core's fields."""
+    return {
+        "turn_id": message.turn_id,
+        "run_id": message.run_id,
+        "service_class": _CLASSES.get(message.service_class, ServiceClass.INTERACTIVE),
+        "caller": message.caller,
+        "model": message.model,
+        "kind": _KINDS.get(message.kind, Kind.GENERATIVE),
+    }
+
+
 def resynced(request: pb.ResyncRequest, at: float) -> ev.Resynced:
     """The core event for a whole resync (its messages' runs and turns put together)."""
     return ev.Resynced(
@@ -207,15 +220,7 @@ def resynced(request: pb.ResyncRequest, at: float) -> ev.Resynced:
             for r in request.runs
         ),
         turns=tuple(
-            ev.ResyncedTurn(
-                turn_id=t.turn_id,
-                run_id=t.run_id,
-                replica=t.replica,
-                service_class=_CLASSES.get(t.service_class, ServiceClass.INTERACTIVE),
-                caller=t.caller,
-                model=t.model,
-                kind=_KINDS.get(t.kind, Kind.GENERATIVE),
-            )
+            ev.ResyncedTurn(**_turn_fields(t), replica=t.replica)
             for t in request.turns
         ),
         at=at,
@@ -260,16 +265,7 @@ class SchedulerService(rpc.SchedulerServicer):
             if not request.turn_id:
                 log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
                 return
-            arrived = ev.TurnArrived(
-                turn_id=request.turn_id,
-                run_id=request.run_id,
-                service_class=_CLASSES.get(request.service_class, ServiceClass.INTERACTIVE),
-                caller=request.caller,
-                model=request.model,
-                kind=_KINDS.get(request.kind, Kind.GENERATIVE),
-                at=host.clock(),
-            )
-            host.admit(arrived, link)
+            host.admit(ev.TurnArrived(**_turn_fields(request), at=host.clock()), link)
             return
         message = item.event
         if message.WhichOneof("event") == "abandoned":

@@ -176,6 +176,52 @@ state_dir = "{directory / "state"}"
     return path
 
 
+def write_runtime_config(directory: Path, port: int, dataplane_port: int, mcp_port: int, state: Path) -> Path:
+    """A config for a runtime alone on `port`: its dataplane on `dataplane_port` (often a fake
+    engine standing in), the fake MCP server on `mcp_port` as its one tool server."""
+    config = directory / "luftpause.toml"
+    config.write_text(
+        f"""
+[runtime]
+port = {port}
+dataplane = "http://127.0.0.1:{dataplane_port}"
+state_dir = "{state}"
+
+[[runtime.mcp_servers]]
+name = "fake-mcp"
+url = "http://127.0.0.1:{mcp_port}/mcp"
+"""
+    )
+    return config
+
+
+@dataclass
+class RuntimeBesideFakes:
+    """`luftpause runtime` with a fake engine standing in for its dataplane and the fake MCP server
+    as its one tool server: three services on free ports, not started."""
+
+    port: int
+    engine_port: int
+    mcp_port: int
+    engine: Service
+    tools: Service
+    runtime: Service
+
+
+def runtime_beside_fakes(directory: Path, state: Path, tool_latency_s: float) -> RuntimeBesideFakes:
+    """Writes the runtime's config (state under `state`) into `directory` and makes the services;
+    every tool call of the fake MCP server takes `tool_latency_s`."""
+    engine_port, mcp_port, port = free_port(), free_port(), free_port()
+    config = write_runtime_config(directory, port, engine_port, mcp_port, state)
+    engine = Service(
+        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], directory / "e.log"
+    )
+    latency = ["--fixed-latency-s", f"{tool_latency_s:g}"]
+    tools = Service("fake-mcp", ["fake-mcp", "--port", str(mcp_port), *latency], directory / "m.log")
+    runtime = Service("runtime", ["runtime", "--config", str(config)], directory / "runtime.log")
+    return RuntimeBesideFakes(port, engine_port, mcp_port, engine, tools, runtime)
+
+
 @contextlib.contextmanager
 def running(*services: Service) -> Iterator[tuple[Service, ...]]:
     """Stops every service on the way out, even when the test failed."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 from mcp import Client
-from support import Service, free_port, running
+from support import running, runtime_beside_fakes
 
 FINISHED = "run-0f1a2b3c4d5e6f708192"
 MISTYPED = "run-1a2b3c4d5e6f70819203"
@@ -87,31 +87,13 @@ def records(journal: Path, handle: str) -> list[dict]:
 
 
 async def test_a_damaged_journal_neither_stops_nor_spins_the_runtime_nor_runs_a_finished_run_again(tmp_path):
-    engine_port, mcp_port, port = free_port(), free_port(), free_port()
     state = tmp_path / "state"
     state.mkdir()
     journal = state / "runs.jsonl"
     journal.write_text("".join(json.dumps(r) + "\n" for r in damaged_journal(time.time())))
-    config = tmp_path / "luftpause.toml"
-    config.write_text(
-        f"""
-[runtime]
-port = {port}
-dataplane = "http://127.0.0.1:{engine_port}"
-state_dir = "{state}"
-
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{mcp_port}/mcp"
-"""
-    )
-    engine = Service(
-        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
-    )
-    tools = Service(
-        "fake-mcp", ["fake-mcp", "--port", str(mcp_port), "--fixed-latency-s", "0.2"], tmp_path / "m.log"
-    )
-    runtime = Service("runtime", ["runtime", "--config", str(config)], tmp_path / "runtime.log")
+    fakes = runtime_beside_fakes(tmp_path, state, tool_latency_s=0.2)
+    engine, tools, runtime = fakes.engine, fakes.tools, fakes.runtime
+    port, engine_port, mcp_port = fakes.port, fakes.engine_port, fakes.mcp_port
 
     with running(engine, tools, runtime):
         engine.start(), tools.start()

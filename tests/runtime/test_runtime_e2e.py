@@ -16,7 +16,7 @@ import httpx
 import pytest
 from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from support import Service, free_port, wait_until
+from support import Service, free_port, wait_until, write_runtime_config
 
 from luftpause.fake_engine.replies import planned_tool_calls
 
@@ -85,19 +85,7 @@ def make_runtime(directory: Path, backends: Backends) -> Runtime:
     """A runtime whose dataplane is the fake engine itself, with the fake MCP server as its tools."""
     port = free_port()
     state = directory / "state"
-    config = directory / "luftpause.toml"
-    config.write_text(
-        f"""
-[runtime]
-port = {port}
-dataplane = "http://127.0.0.1:{backends.engine_port}"
-state_dir = "{state}"
-
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{backends.mcp_port}/mcp"
-"""
-    )
+    config = write_runtime_config(directory, port, backends.engine_port, backends.mcp_port, state)
     service = Service("runtime", ["runtime", "--config", str(config)], directory / "runtime.log")
     return Runtime(service, port, state)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 from mcp import Client
-from support import Service, free_port, wait_until
+from support import runtime_beside_fakes, wait_until
 
 from luftpause.fake_engine.replies import planned_tool_calls
 
@@ -70,31 +70,13 @@ async def views(client: Client) -> dict[str, dict]:
 
 
 async def test_a_full_disk_fails_runs_clearly_and_a_restart_agrees_with_what_was_said(tmp_path):
-    engine_port, mcp_port, port = free_port(), free_port(), free_port()
     state, trigger = tmp_path / "state", tmp_path / "disk-is-full"
     inject = tmp_path / "inject"
     inject.mkdir()
     shutil.copy(SITE, inject / "sitecustomize.py")
-    config = tmp_path / "luftpause.toml"
-    config.write_text(
-        f"""
-[runtime]
-port = {port}
-dataplane = "http://127.0.0.1:{engine_port}"
-state_dir = "{state}"
-
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{mcp_port}/mcp"
-"""
-    )
-    engine = Service(
-        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
-    )
-    tools = Service(
-        "fake-mcp", ["fake-mcp", "--port", str(mcp_port), "--fixed-latency-s", "1"], tmp_path / "m.log"
-    )
-    runtime = Service("runtime", ["runtime", "--config", str(config)], tmp_path / "runtime.log")
+    fakes = runtime_beside_fakes(tmp_path, state, tool_latency_s=1)
+    engine, tools, runtime = fakes.engine, fakes.tools, fakes.runtime
+    port, engine_port, mcp_port = fakes.port, fakes.engine_port, fakes.mcp_port
     full_disk = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")])),
         "LUFTPAUSE_TEST_FULL_DISK_DIR": str(state),

@@ -44,52 +44,19 @@ async def _refused(target: str, metadata: tuple[tuple[str, str], ...] | None) ->
     details: list[str] = []
     async with grpc.aio.insecure_channel(target) as channel:
         stub = rpc.SchedulerStub(channel)
+
+        def turns(item: pb.DataplaneItem):  # noqa: ANN202
+            return _drain(stub.Turns(iter([pb.DataplaneBatch(items=[item])]), metadata=metadata))
+
+        ghost = pb.InFlightTurn(turn_id="ghost", replica="fake-a", model=MODEL)
+        abandon = pb.TurnEvent(turn_id="x", run_id="y", abandoned=pb.TurnAbandoned())
         calls = (
-            lambda: _drain(
-                stub.Turns(
-                    iter(
-                        [
-                            pb.DataplaneBatch(
-                                items=[
-                                    pb.DataplaneItem(
-                                        admit=pb.AdmitRequest(turn_id="rogue-1", run_id="rogue", model=MODEL)
-                                    )
-                                ]
-                            )
-                        ]
-                    ),
-                    metadata=metadata,
-                )
+            lambda: turns(
+                pb.DataplaneItem(admit=pb.AdmitRequest(turn_id="rogue-1", run_id="rogue", model=MODEL))
             ),
             lambda: stub.Resync(iter([pb.ResyncRequest()]), metadata=metadata),
-            lambda: stub.Resync(
-                iter(
-                    [
-                        pb.ResyncRequest(
-                            turns=[pb.InFlightTurn(turn_id="ghost", replica="fake-a", model=MODEL)]
-                        )
-                    ]
-                ),
-                metadata=metadata,
-            ),
-            lambda: _drain(
-                stub.Turns(
-                    iter(
-                        [
-                            pb.DataplaneBatch(
-                                items=[
-                                    pb.DataplaneItem(
-                                        event=pb.TurnEvent(
-                                            turn_id="x", run_id="y", abandoned=pb.TurnAbandoned()
-                                        )
-                                    )
-                                ]
-                            )
-                        ]
-                    ),
-                    metadata=metadata,
-                )
-            ),
+            lambda: stub.Resync(iter([pb.ResyncRequest(turns=[ghost])]), metadata=metadata),
+            lambda: turns(pb.DataplaneItem(event=abandon)),
         )
         for call in calls:
             try:
