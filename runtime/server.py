@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -159,15 +159,29 @@ class Runtime:
                 log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
 
     async def stop(self) -> None:
+        """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot
+        be closed cleanly) is logged and the rest still stop: the tool servers are left, the
+        journal is closed and the state directory's lock is released whatever came before."""
         if self._evicting is not None:
             self._evicting.cancel()
-        await self.runs.shutdown()
-        await self.tasks.close()
-        await self.tool_servers.close()
-        await self.dataplane.close()
-        self.journal.close()
-        self.writer.close()
-        self.state_lock.release()
+        parts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("runs", self.runs.shutdown),
+            ("tasks", self.tasks.close),
+            ("tool servers", self.tool_servers.close),
+            ("dataplane client", self.dataplane.close),
+            ("journal", self.journal.close),
+            ("journal writer", self.writer.close),
+        )
+        try:
+            for name, stop in parts:
+                try:
+                    stopped = stop()
+                    if inspect.isawaitable(stopped):
+                        await stopped
+                except Exception as e:
+                    log.warning("stopping the %s failed: %s", name, e)
+        finally:
+            self.state_lock.release()
 
     def spec_from(self, arguments: dict[str, Any]) -> RunSpec:
         """A RunSpec from spawn's (or run's) arguments, with the default model filled in."""
