@@ -180,10 +180,11 @@ class Journal:
         if self._own_writer:
             self.writer.close()
 
-    def replay(self) -> list[ReplayedRun]:
-        """Every run the journal knows, in spawn order."""
+    def replay(self, warn: bool = True) -> list[ReplayedRun]:
+        """Every run the journal knows, in spawn order; `warn`: a warning for each record skipped
+        (off right after `compact`, which has said so already)."""
         self.writer.flush()
-        return replay_file(self.path)
+        return _replay(read_records(self.path, warn), self.path, warn)
 
     # -- keeping it small ---------------------------------------------------------------------------
 
@@ -196,13 +197,14 @@ class Journal:
         returns how many runs went to the archive."""
         now = time.time() if now is None else now
         self.writer.flush()
+        # It warns of what it skips; the replay at start, right after, then need not again.
         records = read_records(self.path)
         by_run: dict[str, list[dict[str, Any]]] = {}
         for record in records:
             handle = record.get("run")
             if isinstance(handle, str) and (handle in by_run or record.get("type") == "spawned"):
                 by_run.setdefault(handle, []).append(record)
-        runs = {r.handle: r for r in replay_file(self.path)}
+        runs = {r.handle: r for r in _replay(records, self.path, warn=True)}
         children: dict[str, list[str]] = {}
         for run in runs.values():
             parent = run.spec.get("parent")
@@ -317,8 +319,9 @@ def _replace_durably(path: Path, records: list[dict[str, Any]]) -> None:
         os.close(directory)
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The file's records in order; lines that are not JSON objects are skipped with a warning."""
+def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
+    """The file's records in order; lines that are not JSON objects are skipped, with a warning
+    unless `warn` is False."""
     if not path.exists():
         return []
     records = []
@@ -331,33 +334,38 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 record = None
             if not isinstance(record, dict):
-                log.warning("%s line %d is not a complete JSON record (torn write?); skipped", path, number)
+                log.log(logging.WARNING if warn else logging.DEBUG,
+                        "%s line %d is not a complete JSON record (torn write?); skipped", path, number)  # fmt: skip
                 continue
             records.append(record)
     return records
 
 
 def replay_file(path: Path) -> list[ReplayedRun]:
-    """Folds the records of `path` into one `ReplayedRun` per spawned run."""
+    """Folds the records of `path` into one `ReplayedRun` per spawned run, warning of each it skips."""
+    return _replay(read_records(path), path, warn=True)
+
+
+def _replay(records: list[dict[str, Any]], path: Path, warn: bool) -> list[ReplayedRun]:
     runs: dict[str, ReplayedRun] = {}
-    for record in read_records(path):
+    for record in records:
         try:
-            _fold(runs, record, path)
+            _fold(runs, record, path, warn)
         except (TypeError, ValueError, AttributeError) as e:
-            log.warning(
-                "%s: %s record of run %r is malformed (%s); skipped", path, record.get("type"), record.get("run"), e
-            )
+            log.log(logging.WARNING if warn else logging.DEBUG, "%s: %s record of run %r is malformed (%s); skipped",
+                    path, record.get("type"), record.get("run"), e)  # fmt: skip
     return list(runs.values())
 
 
-def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path) -> None:
+def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn: bool = True) -> None:
     """Applies one record; TypeError or ValueError when its fields are not of the documented types."""
+    level = logging.WARNING if warn else logging.DEBUG
     kind, handle = record.get("type"), record.get("run")
     if not isinstance(handle, str):
         return
     if kind == "spawned":
         if handle in runs:
-            log.warning("%s: run %s is spawned a second time; the first record stands", path, handle)
+            log.log(level, "%s: run %s is spawned a second time; the first record stands", path, handle)
             return
         runs[handle] = ReplayedRun(
             handle=handle,
@@ -369,7 +377,7 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path) -> N
         return
     run = runs.get(handle)
     if run is None:
-        log.warning("%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
+        log.log(level, "%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
         return
     if run.finished is not None:
         return

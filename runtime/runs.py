@@ -579,7 +579,8 @@ class Runs:
         if retention_s is not None:
             self.journal.compact(retention_s)
         resumed = 0
-        for replayed in self.journal.replay():
+        # Compaction has warned of every record it could not read; the replay says it once more only without it.
+        for replayed in self.journal.replay(warn=retention_s is None):
             try:
                 spec = RunSpec.model_validate(replayed.spec)
             except ValueError as e:

@@ -5,6 +5,7 @@ The sub-agent loop is replaced by a driver the test controls, so each case is ex
 
 import asyncio
 import errno
+import logging
 
 import pytest
 
@@ -261,3 +262,22 @@ async def test_a_compaction_at_start_archives_old_trees_once(tmp_path):
         after.journal.close()
     assert [r["run"] for r in read_records(tmp_path / "archive.jsonl")] == [done.handle]
     assert read_records(tmp_path / "runs.jsonl") == []
+
+
+async def test_a_start_warns_once_of_each_journal_record_it_skips(tmp_path, caplog):
+    """Compaction and the replay after it read the same file: a damaged record is said once."""
+    journal = Journal(tmp_path)
+    journal.spawned("a", {"task": "ta"}, None)
+    journal.close()
+    with (tmp_path / "runs.jsonl").open("a") as f:
+        f.write('{"v":1,"type":"spawned","run":"b","at":"yesterday","spec":{"task":"tb"}}\n')
+        f.write('{"v":1,"type":"spawned","run":"c","spec":{"ta')  # torn by a crash
+    with caplog.at_level(logging.WARNING):
+        after = Runs(Journal(tmp_path), Script().drive, Script().on_end)
+        after.restore(retention_s=1e9)
+    malformed = [m for m in caplog.messages if "malformed" in m]
+    torn = [m for m in caplog.messages if "not a complete JSON record" in m]
+    assert len(malformed) == 1 and "'b'" in malformed[0], caplog.messages
+    assert len(torn) == 1 and "line 3" in torn[0], caplog.messages
+    await after.shutdown()
+    after.journal.close()
