@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -218,14 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["target"] = _target(summary)
     text = report(args, rows, summary)
     print(text)
-    if failed:
-        print(f"mcp_flood: a run failed; its processes' logs are in {logs}", file=sys.stderr)
-    else:
-        shutil.rmtree(logs, ignore_errors=True)
+    results.tidy_logs("mcp_flood", logs, failed)
     if not args.no_record:
         record = {
-            "options": vars(args),
-            "sglang_router": {"package": sglang_router.PACKAGE, "version": version},
+            **sglang_router.record_head(args, version),
             "rows": rows,
             "ratios": summary,
         }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,3 +104,11 @@ def write_with_bars(
     png = bars_png(path.with_suffix(".png"), title, unit, bars)
     print(f"record: {path}" + (f"\nplot: {png}" if png else ""), file=stream)
     return path
+
+
+def tidy_logs(name: str, logs: Path, failed: bool) -> None:
+    """Removes a run's log folder, or keeps it and says where when a run failed."""
+    if failed:
+        print(f"{name}: a run failed; its processes' logs are in {logs}", file=sys.stderr)
+    else:
+        shutil.rmtree(logs, ignore_errors=True)

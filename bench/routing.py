@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -169,14 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines += ["", f"Cache share: {verdict}."]
     text = "\n".join(lines)
     print(text)
-    if failed:
-        print(f"routing: a run failed; logs in {logs}", file=sys.stderr)
-    else:
-        shutil.rmtree(logs, ignore_errors=True)
+    results.tidy_logs("routing", logs, failed)
     if not args.no_record:
         record = {
-            "options": vars(args),
-            "sglang_router": {"package": sglang_router.PACKAGE, "version": version},
+            **sglang_router.record_head(args, version),
             "rows": rows,
             "per_arm": per_arm,
             "verdict": verdict,

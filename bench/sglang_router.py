@@ -132,3 +132,9 @@ def wait_ready(
                 f"the SGLang router at {url} did not take {len(workers)} workers in {timeout_s:.0f} s"
             )
         time.sleep(0.2)
+
+
+def record_head(options: object, version: str) -> dict[str, object]:
+    """What every record of a benchmark against the router starts with: its options and the
+    router's package and version."""
+    return {"options": vars(options), "sglang_router": {"package": PACKAGE, "version": version}}

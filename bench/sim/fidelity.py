@@ -76,7 +76,7 @@ from typing import Any
 import httpx
 
 from luftpause.bench import sglang_router
-from luftpause.bench.results import cell
+from luftpause.bench.results import cell, tidy_logs
 from luftpause.bench.sim import flood_watch
 from luftpause.bench.sim.run import simulate
 from luftpause.bench.sim.scenarios import SCENARIOS, Scenario
@@ -705,10 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_screenshots(rows, None if args.no_record else time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     text = report(args, rows, summaries, router_version)
     print(text)
-    if failed:
-        print(f"fidelity: a run failed; its processes' logs are in {logs}", file=sys.stderr)
-    else:
-        shutil.rmtree(logs, ignore_errors=True)
+    tidy_logs("fidelity", logs, failed)
     if not args.no_record:
         from luftpause.bench import results as records
 
