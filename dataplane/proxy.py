@@ -2,10 +2,11 @@
 
 `Proxy` is the ASGI endpoint behind `POST /v1/chat/completions`. For each request it
 
-1. resolves the run (run header, else echoed tool_call_ids, else a new run) and reads the class
-   and caller headers;
-2. asks the scheduler to admit the turn, holding the request while it waits; a client that
-   leaves meanwhile abandons the turn and no engine request is made;
+1. reads the run header (or, without one, the tool_call_ids the messages echo and a new run id
+   for the case that they name no run), the class and the caller;
+2. asks the scheduler to admit the turn, holding the request while it waits; the scheduler says
+   which run it is in (`scheduler/run_identity.py`); a client that leaves meanwhile abandons the
+   turn and no engine request is made;
 3. forwards the body bytes unchanged to the placed replica (`engine_client`, connections kept
    alive per engine), but for the turn's priority where the replica's engine honours one
    (`priority`);
@@ -30,6 +31,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -54,8 +56,8 @@ from luftpause.dataplane.errors import (
     refusal_response,
 )
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.run_identity import PRUNE_PERIOD_S, ToolCallMemory, new_run_id, resolve_run_id
-from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
+from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.dataplane.sse import ReplyObservation, StreamObserver, observe_completion
 from luftpause.proto import pb
@@ -65,6 +67,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ENGINE_CONNECT_TIMEOUT_S = 2.0
+# Of a turn without a run header, at most this many echoed tool_call_ids (the newest) go to the
+# scheduler: its run is named by its latest reply's, which come first.
+MAX_ECHOED_IDS = 16
 # Engine response headers the client gets along with the engine's status and body.
 _PASSED_HEADERS = ("content-type", "cache-control", "retry-after")
 _UNFINISHED = "ASGI callable returned without completing response"
@@ -115,6 +120,9 @@ class Turn:
     kind: pb.ReplicaKind = pb.GENERATIVE
     # The run the scheduler is told about; "" keeps the turn outside run state (decide).
     scheduled_run_id: str | None = None
+    # With no run header: the tool_call_ids the messages echo, newest first, by which the
+    # scheduler may find the run (then `run_id` becomes that run's).
+    echoed: tuple[str, ...] = ()
     replica: str = ""
     # The client's body has a top-level "priority" of its own, which the engine gets unchanged.
     client_priority: bool = False
@@ -136,11 +144,11 @@ class Turn:
 class Proxy:
     """The per-turn path, and what it shares across turns: scheduler link, HTTP client, memories."""
 
-    def __init__(self, config: lp_config.Config, token: str | None = None) -> None:
+    def __init__(self, config: lp_config.Config, token: str | None = None, name: str = "") -> None:
         self.config = config
-        self.memory = ToolCallMemory()
         self.runs = RunBook()
-        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token)
+        # `name`: this dataplane's, where several share the scheduler (one worker of several).
+        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token, name)
         self.metrics = DataplaneMetrics()
         self.metrics.watch_scheduler(lambda: self.scheduler.connected)
         # No overall read timeout on engine requests: a turn takes as long as the engine needs,
@@ -167,8 +175,8 @@ class Proxy:
         await self.engines.close()
 
     def end_run(self, run_id: str) -> None:
-        """The agent says the run is over: the scheduler forgets it now rather than in 30 minutes."""
-        self.memory.forget_run(run_id)
+        """The agent says the run is over: the scheduler forgets it (and its tool_call_ids) now
+        rather than in 30 minutes."""
         self.scheduler.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
 
     async def read_request(
@@ -200,8 +208,9 @@ class Proxy:
         request, named, body = read
         payload, problem = _read_turn_body(body)
 
-        # 1. Resolve the run and read the class and caller.
-        run_id = resolve_run_id(named, payload.get("messages"), self.memory)
+        # 1. The run, as far as the request says, and the class and caller.
+        run_id = named or new_run_id()
+        echoed = () if named else tuple(islice(echoed_tool_call_ids(payload.get("messages")), MAX_ECHOED_IDS))
         answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(run_id)})
         try:
             if problem:
@@ -220,6 +229,7 @@ class Proxy:
             # The body was decoded above anyway: an exact top-level check, no byte search.
             client_priority="priority" in payload,
             streamed=payload.get("stream") is True,
+            echoed=echoed,
         )
 
         async def chat(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:
@@ -270,6 +280,7 @@ class Proxy:
                     model=turn.model,
                     kind=turn.kind,
                     traceparent=turn.traceparent,
+                    echoed_tool_call_ids=turn.echoed,
                 ),
                 abandoned=client_left,
             )
@@ -283,6 +294,10 @@ class Proxy:
         self.metrics.admitted(headers.class_name(turn.service_class), time.perf_counter() - asked)
         self.metrics.in_flight.inc()
         turn.replica, turn.placed = placement.replica, True
+        if turn.echoed and placement.run_id and placement.run_id != turn.run_id:
+            # Its echoed tool_call_ids named the run it continues.
+            turn.run_id = placement.run_id
+            answer.headers[headers.RUN_ID] = headers.on_the_wire(turn.run_id)
         answer.headers[headers.REPLICA] = placement.replica
         self.scheduler.placed(
             PlacedTurn(
@@ -451,9 +466,6 @@ class Proxy:
             return
         if observation.first_token:
             self.first_token(turn)
-        if observation.tool_call_ids and turn.scheduler_run_id:
-            # The agent's next turn echoes these ids; that is how a run without a header is found.
-            self.memory.remember(observation.tool_call_ids, turn.run_id)
         completed = pb.TurnCompleted(
             finish_reason=observation.finish_reason,
             prompt_tokens=observation.prompt_tokens,
@@ -506,9 +518,7 @@ class Proxy:
     async def _prune_forever(self) -> None:
         while True:
             await asyncio.sleep(PRUNE_PERIOD_S)
-            now = time.monotonic()
-            self.memory.prune(now)
-            self.runs.prune(now)
+            self.runs.prune()
 
 
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]

@@ -3,7 +3,8 @@
 The scheduler holds the authoritative state, but it lives in another process and may restart.
 Every event the dataplane reports to it is applied here too, so this view always says what the
 scheduler would know had it seen every event: each run's last replica, phase, class and caller,
-and each placed turn not yet finished. After any reconnect, `resync_request` is sent before the
+and each placed turn not yet finished. A run's latest reply's tool_call_ids go too, so that the
+scheduler recognises its next turn by them (scheduler/run_identity.py). After any reconnect, `resync_request` is sent before the
 Turns stream reopens and before anything is admitted again, split over messages of at most
 1 MiB (`resync_chunks`) so that its size never matters.
 """
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from luftpause.proto import pb
 
 RUN_IDLE_EXPIRY_S = 30 * 60.0
+# How often runs past the idle expiry are let go.
+PRUNE_PERIOD_S = 60.0
 # Each Resync message stays under this, a quarter of gRPC's default message limit.
 RESYNC_CHUNK_BYTES = 1 << 20
 
@@ -28,6 +31,7 @@ class RunView:
     service_class: pb.ServiceClass
     caller: str
     last_activity: float
+    tool_call_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,8 @@ class RunBook:
         if kind not in ("completed", "failed", "abandoned"):
             return
         self._finish(event.turn_id)
+        if run is not None and kind == "completed" and event.completed.tool_call_ids:
+            run.tool_call_ids = tuple(event.completed.tool_call_ids)
         if run is None or self._turn_count.get(run.run_id):
             # Another turn of the run is still generating; its own end decides the phase.
             return
@@ -120,6 +126,7 @@ class RunBook:
                     service_class=r.service_class,
                     caller=r.caller,
                     idle_s=max(0.0, now - r.last_activity),
+                    tool_call_ids=r.tool_call_ids,
                 )
                 for r in self.runs.values()
             ],

@@ -26,7 +26,7 @@ import grpc.aio
 
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
 from luftpause.dataplane.runs import PlacedTurn, RunBook
-from luftpause.proto import pb, rpc
+from luftpause.proto import DATAPLANE_KEY, pb, rpc
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,17 @@ _CHANNEL_OPTIONS = [
 class SchedulerClient:
     """One connection to the scheduler; open with `start()`, close with `close()`."""
 
-    def __init__(self, target: str, runs: RunBook, token: str | None = None) -> None:
+    def __init__(self, target: str, runs: RunBook, token: str | None = None, name: str = "") -> None:
         self._target = target
         self.runs = runs
-        # The scheduler's gRPC port takes only calls carrying the token (scheduler/host.py).
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        # The scheduler's gRPC port takes only calls carrying the token (scheduler/host.py); a
+        # name scopes this dataplane's resync where several share the scheduler (scheduler.proto).
+        metadata = []
+        if token:
+            metadata.append(("authorization", f"Bearer {token}"))
+        if name:
+            metadata.append((DATAPLANE_KEY, name))
+        self._metadata = tuple(metadata) or None
         self._channel: grpc.aio.Channel | None = None
         self._stub: rpc.SchedulerStub | None = None
         # Turns waiting for their placement, by turn id: re-admitted on every new stream.

@@ -3,4 +3,7 @@
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as rpc
 
-__all__ = ["pb", "rpc"]
+# The gRPC metadata key naming a dataplane where several share one scheduler (see scheduler.proto).
+DATAPLANE_KEY = "x-luftpause-dataplane"
+
+__all__ = ["DATAPLANE_KEY", "pb", "rpc"]

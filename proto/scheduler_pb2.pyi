@@ -31,7 +31,7 @@ GENERATING: RunPhase
 PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "service_class", "caller", "model", "kind", "traceparent")
+    __slots__ = ("turn_id", "run_id", "service_class", "caller", "model", "kind", "traceparent", "echoed_tool_call_ids")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class AdmitRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    ECHOED_TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     service_class: ServiceClass
@@ -46,10 +47,11 @@ class AdmitRequest(_message.Message):
     model: str
     kind: ReplicaKind
     traceparent: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    echoed_tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ..., echoed_tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("outcome", "replica", "url", "message", "held_ms")
+    __slots__ = ("outcome", "replica", "url", "message", "held_ms", "run_id")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PLACED: _ClassVar[AdmitReply.Outcome]
@@ -61,12 +63,14 @@ class AdmitReply(_message.Message):
     URL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     HELD_MS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     outcome: AdmitReply.Outcome
     replica: str
     url: str
     message: str
     held_ms: float
-    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ...) -> None: ...
+    run_id: str
+    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
     __slots__ = ("streamed",)
@@ -153,20 +157,22 @@ class SchedulerBatch(_message.Message):
     def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s")
+    __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s", "tool_call_ids")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
     IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     replica: str
     phase: RunPhase
     service_class: ServiceClass
     caller: str
     idle_s: float
-    def __init__(self, run_id: _Optional[str] = ..., replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., idle_s: _Optional[float] = ...) -> None: ...
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., idle_s: _Optional[float] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InFlightTurn(_message.Message):
     __slots__ = ("turn_id", "run_id", "replica", "service_class", "caller", "model", "kind")

@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class SchedulerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Both calls carry the dataplane's name in the metadata key `x-luftpause-dataplane` where
+    several dataplanes share the scheduler (the workers of one, or several), stable across its
+    restarts; none is a single unnamed one. A resync replaces only what came through its sender.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,7 +50,10 @@ class SchedulerStub:
 
 
 class SchedulerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Both calls carry the dataplane's name in the metadata key `x-luftpause-dataplane` where
+    several dataplanes share the scheduler (the workers of one, or several), stable across its
+    restarts; none is a single unnamed one. A resync replaces only what came through its sender.
+    """
 
     def Turns(self, request_iterator, context):
         """Admissions and turn events from the dataplane, placements back, in order on each side.
@@ -92,7 +98,10 @@ def add_SchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Scheduler:
-    """Missing associated documentation comment in .proto file."""
+    """Both calls carry the dataplane's name in the metadata key `x-luftpause-dataplane` where
+    several dataplanes share the scheduler (the workers of one, or several), stable across its
+    restarts; none is a single unnamed one. A resync replaces only what came through its sender.
+    """
 
     @staticmethod
     def Turns(request_iterator,

@@ -115,8 +115,6 @@ _BATCH = ServiceClass.BATCH
 _GENERATIVE = Kind.GENERATIVE
 # Positions of a turn's last two fields: a turn is rebuilt from its other fields and a new value
 # for one of these, which is quicker than NamedTuple._replace on the per-turn path.
-_STREAMED = Turn._fields.index("streamed")
-_CONFIRMED = Turn._fields.index("confirmed")
 
 
 def decide(state: State, event: Event) -> Decision:
@@ -328,7 +326,9 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
     if not tx.serving.get((e.kind, e.model)):
         actions.append(Refuse(e.turn_id, e.run_id, refusal_message(e.kind, e.model)))
         return
-    turn = Turn(e.turn_id, e.run_id, e.service_class, e.caller, e.model, e.kind, e.at, tx.next_seq)
+    turn = Turn(
+        e.turn_id, e.run_id, e.service_class, e.caller, e.model, e.kind, e.at, tx.next_seq, dataplane=e.dataplane
+    )
     tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, turn)
     # Counted open before the run is touched, so the run leaves the quiet index once, not twice.
@@ -337,13 +337,13 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
         run = tx.runs.get(e.run_id)
         # The class and caller are per turn; the run carries the latest.
         if run is None:
-            run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at)
+            run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at, dataplane=e.dataplane)
         else:
             if run.phase is _PAUSED:
                 # Back from a tool: how long its caller's tools take is what a kept slot lasts.
                 estimate = admission.learn_pause(tx.pause_estimate.get(e.caller), e.at - run.last_activity)
                 tx.pause_estimate = tx.pause_estimate.set(e.caller, estimate)
-            run = Run(e.run_id, e.service_class, e.caller, run.phase, run.replica, e.at, run.kept_until)
+            run = run._replace(service_class=e.service_class, caller=e.caller, last_activity=e.at, dataplane=e.dataplane)
         _set_run(tx, e.run_id, run)
     _hold(tx, turn, _group(tx, turn))
 
@@ -357,7 +357,7 @@ def _turn_started(tx: _Tx, e: TurnStarted, actions: list[Action]) -> None:
         return  # a streamed turn confirms itself by its first token; nothing to remember
     turn = tx.turns.get(e.turn_id)
     if turn is not None and turn.status is _PLACED and turn.streamed is None:
-        tx.turns = tx.turns.set(e.turn_id, Turn(*turn[:_STREAMED], False, turn.confirmed))
+        tx.turns = tx.turns.set(e.turn_id, turn._replace(streamed=False))
 
 
 def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
@@ -410,25 +410,38 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
 
 def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
     tx.may_place = True
-    runs = [
-        Run(
-            r.run_id,
-            r.service_class,
-            r.caller,
-            r.phase,
-            r.replica or None,
-            e.at - max(r.idle_s, 0.0),
-            e.at + admission.keep_paused_for(tx.pause_estimate.get(r.caller)) if r.phase is _PAUSED else None,
-        )
-        for r in e.runs
-    ]
-    # Held turns are ours alone (their dataplanes wait on them here); placed ones are the dataplane's word.
-    turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD}
+    # What other dataplanes sent stays: their placed turns, and the runs whose latest turn came
+    # through them, unless this view names the run and saw it more recently.
+    named = {r.run_id: r for r in e.runs}
+    runs = {
+        run.run_id: run
+        for run in tx.runs.values()
+        if run.dataplane != e.dataplane
+        and (run.run_id not in named or run.last_activity > e.at - max(named[run.run_id].idle_s, 0.0))
+    }
+    for r in e.runs:
+        if r.run_id not in runs:
+            runs[r.run_id] = Run(
+                r.run_id,
+                r.service_class,
+                r.caller,
+                r.phase,
+                r.replica or None,
+                e.at - max(r.idle_s, 0.0),
+                e.at + admission.keep_paused_for(tx.pause_estimate.get(r.caller)) if r.phase is _PAUSED else None,
+                e.dataplane,
+            )
+    # Held turns are ours alone (their dataplanes wait on them here); placed ones are their dataplane's word.
+    turns = {
+        t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane
+    }
     for r in e.turns:
         replica = tx.replicas.get(r.replica)
         if replica is None:
             continue  # a replica no longer in the pool: nothing to count it against
         held = turns.get(r.turn_id)
+        if held is not None and held.status is not _HELD:
+            continue  # placed for another dataplane: that one speaks for it
         if held is not None:
             # The dataplane already runs a turn we were holding: answer its waiting admission with that.
             actions.append(Place(r.turn_id, r.run_id, r.replica, replica.url, e.at - held.arrived_at))
@@ -446,8 +459,9 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
             _PLACED,
             r.replica,
             e.at,
+            dataplane=e.dataplane,
         )
-    _rebuild(tx, runs, sorted(turns.values(), key=lambda t: t.seq))
+    _rebuild(tx, list(runs.values()), sorted(turns.values(), key=lambda t: t.seq))
 
 
 _HANDLERS: dict[type, Callable[[_Tx, Any, list[Action]], None]] = {
@@ -597,15 +611,7 @@ def _end_turn(
         _set_run(
             tx,
             run.run_id,
-            Run(
-                run.run_id,
-                run.service_class,
-                run.caller,
-                phase,
-                run.replica,
-                at if touch else run.last_activity,
-                kept_until,
-            ),
+            run._replace(phase=phase, last_activity=at if touch else run.last_activity, kept_until=kept_until),
         )
     # Uncounted after the run is updated, so a run going quiet enters the quiet index once.
     _open(tx, turn.run_id, -1)
@@ -647,7 +653,7 @@ def _set_unconfirmed(tx: _Tx, turn: Turn, present: bool) -> None:
 def _confirm(tx: _Tx, turn: Turn) -> None:
     """The engine has started `turn`: it no longer counts against its replica's lookahead."""
     assert turn.replica is not None and turn.placed_at is not None
-    tx.turns = tx.turns.set(turn.turn_id, Turn(*turn[:_CONFIRMED], True))
+    tx.turns = tx.turns.set(turn.turn_id, turn._replace(confirmed=True))
     replica = tx.replicas[turn.replica]
     if admission.uncapped(replica):
         return  # an uncapped replica's turns are never counted as waiting (see `_count_placed`)
@@ -934,24 +940,14 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
 
 def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
     _unhold(tx, turn, group)
-    placed = Turn(
-        turn.turn_id,
-        turn.run_id,
-        turn.service_class,
-        turn.caller,
-        turn.model,
-        turn.kind,
-        turn.arrived_at,
-        turn.seq,
-        _PLACED,
-        replica.name,
-        tx.now,
-    )
+    placed = turn._replace(status=_PLACED, replica=replica.name, placed_at=tx.now)
     tx.turns = tx.turns.set(turn.turn_id, placed)
     _count_placed(tx, placed, 1)
     run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
     if run is not None:
         # A paused interactive run coming back turns its kept slot into a turn (see `_set_run`).
         _set_run(
-            tx, run.run_id, Run(run.run_id, run.service_class, run.caller, _GENERATING, replica.name, tx.now)
+            tx,
+            run.run_id,
+            run._replace(phase=_GENERATING, replica=replica.name, last_activity=tx.now, kept_until=None),
         )

@@ -79,6 +79,8 @@ class TurnArrived:
     model: str
     kind: Kind
     at: float
+    # Which dataplane admitted it, when several share the scheduler ("" for a single one).
+    dataplane: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +183,15 @@ class ResyncedTurn:
 
 @dataclass(frozen=True, slots=True)
 class Resynced:
-    """The dataplane's view of runs and in-flight turns, which replaces the scheduler's own."""
+    """One dataplane's view of runs and in-flight turns, which replaces what the scheduler holds
+    from that dataplane: the turns it placed for it, and the runs whose latest turn came through
+    it. What other dataplanes sharing the scheduler sent stays, but for a run named here whose
+    latest turn came through another dataplane more recently than this view says."""
 
     runs: tuple[ResyncedRun, ...]
     turns: tuple[ResyncedTurn, ...]
     at: float
+    dataplane: str = ""
 
 
 Event = (

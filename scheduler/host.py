@@ -4,7 +4,9 @@ Everything here translates. Each dataplane keeps one Turns stream open (a `Link`
 on it becomes a `TurnArrived`, and the `Place` or `Refuse` the core emits for that turn (at once
 or after being held) goes back on the same stream; every other item becomes the matching turn
 event, stamped with this process's monotonic clock on receipt. A stream that ends abandons the
-turns still waiting on it. A Resync becomes `Resynced`. The prober and a 1 s tick
+turns still waiting on it. A Resync becomes `Resynced`, scoped to the dataplane that sent it.
+An admit without a run header is put in its run here (`run_identity`), by the tool_call_ids it
+echoes, so that it is found whichever dataplane its run's last turn went through. The prober and a 1 s tick
 feed `ReplicaProbed` and `Tick`. With `LUFTPAUSE_TOKEN` set, the gRPC port takes only calls that
 carry it as a bearer token (`BearerCheck`). All of it runs on one asyncio event loop and
 `SchedulerHost.feed` never awaits, so calls into `decide` are serialised without a lock: each runs
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -30,11 +33,12 @@ from luftpause import config as _config
 from luftpause.config import TOKEN_ENV
 from luftpause.dataplane.auth import bearer_matches
 from luftpause.hosts import HostGuard, allowed_hosts
-from luftpause.proto import pb, rpc
+from luftpause.proto import DATAPLANE_KEY, pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.prober import run_prober
+from luftpause.scheduler.run_identity import RunIdentity
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
 from luftpause.scheduler.status import build_app
 
@@ -53,9 +57,10 @@ class Link:
     """One dataplane's Turns stream as the host sees it: the turns waiting on it for an answer
     (by turn id, with their run) and the placements ready to be written to it."""
 
-    __slots__ = ("waiting", "outbox", "ready", "closed")
+    __slots__ = ("dataplane", "waiting", "outbox", "ready", "closed")
 
-    def __init__(self) -> None:
+    def __init__(self, dataplane: str = "") -> None:
+        self.dataplane = dataplane
         self.waiting: dict[str, str] = {}
         self.outbox: list[pb.Placement] = []
         self.ready = asyncio.Event()
@@ -81,10 +86,14 @@ class Link:
 def placement(action: Place | Refuse) -> pb.Placement:
     """The core's answer to a turn as the dataplane reads it."""
     if isinstance(action, Refuse):
-        reply = pb.AdmitReply(outcome=pb.AdmitReply.UNKNOWN_MODEL, message=action.message)
+        reply = pb.AdmitReply(outcome=pb.AdmitReply.UNKNOWN_MODEL, message=action.message, run_id=action.run_id)
     else:
         reply = pb.AdmitReply(
-            outcome=pb.AdmitReply.PLACED, replica=action.replica, url=action.url, held_ms=action.held_s * 1000.0
+            outcome=pb.AdmitReply.PLACED,
+            replica=action.replica,
+            url=action.url,
+            held_ms=action.held_s * 1000.0,
+            run_id=action.run_id,
         )
     return pb.Placement(turn_id=action.turn_id, reply=reply)
 
@@ -96,6 +105,7 @@ class SchedulerHost:
         self.config = config
         self.clock = clock
         self.state = State()
+        self.identity = RunIdentity()
         # The stream each held turn's answer goes to.
         self._waiting: dict[str, Link] = {}
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
@@ -125,18 +135,25 @@ class SchedulerHost:
                             action.turn_id, action.run_id, action.replica)  # fmt: skip
             case RunForgotten():
                 log.debug("run %s forgotten (%s)", action.run_id, action.reason)
+                self.identity.forget(action.run_id)
 
     def _log_health_change(self, before: State, probe: ev.ReplicaProbed) -> None:
         old = before.replicas.get(probe.name)
         if old is not None and (old.healthy != probe.healthy or not old.probed):
             log.info("replica %s is %s", probe.name, "healthy" if probe.healthy else "unhealthy")
 
-    def admit(self, arrived: ev.TurnArrived, link: Link) -> None:
+    def admit(self, arrived: ev.TurnArrived, link: Link, echoed: Sequence[str] = ()) -> None:
         """Holds the turn until the core places or refuses it; the answer goes to `link`.
 
-        A turn admitted again under the same id (its dataplane reconnected while the old stream
-        was still open here) is not held twice: its answer goes to the newer stream.
+        `echoed`: the tool_call_ids of a turn sent without a run header; one of a known run's
+        latest reply puts the turn in that run. A turn admitted again under the same id (its
+        dataplane reconnected while the old stream was still open here) is not held twice: its
+        answer goes to the newer stream.
         """
+        if echoed:
+            run_id = self.identity.run_of(echoed)
+            if run_id is not None:
+                arrived = dataclasses.replace(arrived, run_id=run_id)
         owner = self._waiting.get(arrived.turn_id)
         self._waiting[arrived.turn_id] = link
         link.waiting[arrived.turn_id] = arrived.run_id
@@ -145,6 +162,22 @@ class SchedulerHost:
                 owner.waiting.pop(arrived.turn_id, None)
             return
         self.feed(arrived)
+
+    def report(self, event: ev.Event) -> None:
+        """A turn event from a dataplane; a reply's tool calls are remembered for its run's next turn."""
+        self.feed(event)
+        if isinstance(event, ev.TurnCompleted) and event.tool_call_ids and event.run_id in self.state.runs:
+            self.identity.remember(event.run_id, event.tool_call_ids)
+
+    def resync(self, request: pb.ResyncRequest, dataplane: str) -> None:
+        """Replaces what came through `dataplane` with its view (the core's `Resynced`), and the
+        tool_call_ids of the runs it names with its word on them."""
+        self.feed(resynced(request, self.clock(), dataplane))
+        runs = self.state.runs
+        self.identity.keep_only(runs)
+        for r in request.runs:
+            if r.tool_call_ids and r.run_id in runs and runs[r.run_id].dataplane == dataplane:
+                self.identity.remember(r.run_id, r.tool_call_ids)
 
     def abandon(self, turn_id: str, run_id: str) -> None:
         """The client left: the turn leaves the queue if held, or frees its slot if just placed."""
@@ -205,7 +238,15 @@ def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
     }
 
 
-def resynced(request: pb.ResyncRequest, at: float) -> ev.Resynced:
+def dataplane_of(context: grpc.aio.ServicerContext) -> str:
+    """The name a call's dataplane gives itself; "" for a single unnamed one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == DATAPLANE_KEY:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return ""
+
+
+def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Resynced:
     """The core event for a whole resync (its messages' runs and turns put together)."""
     return ev.Resynced(
         runs=tuple(
@@ -224,6 +265,7 @@ def resynced(request: pb.ResyncRequest, at: float) -> ev.Resynced:
             for t in request.turns
         ),
         at=at,
+        dataplane=dataplane,
     )
 
 
@@ -234,7 +276,7 @@ class SchedulerService(rpc.SchedulerServicer):
         self.host = host
 
     async def Turns(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN201
-        link = Link()
+        link = Link(dataplane_of(context))
         reader = asyncio.ensure_future(self._read(request_iterator, link))
         try:
             while True:
@@ -265,7 +307,8 @@ class SchedulerService(rpc.SchedulerServicer):
             if not request.turn_id:
                 log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
                 return
-            host.admit(ev.TurnArrived(**_turn_fields(request), at=host.clock()), link)
+            arrived = ev.TurnArrived(**_turn_fields(request), at=host.clock(), dataplane=link.dataplane)
+            host.admit(arrived, link, request.echoed_tool_call_ids)
             return
         message = item.event
         if message.WhichOneof("event") == "abandoned":
@@ -273,7 +316,7 @@ class SchedulerService(rpc.SchedulerServicer):
             return
         event = turn_event(message, host.clock())
         if event is not None:
-            host.feed(event)
+            host.report(event)
 
     async def Resync(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
         # The whole view first: a stream that breaks off before its end leaves the state as it was.
@@ -281,9 +324,11 @@ class SchedulerService(rpc.SchedulerServicer):
         async for chunk in request_iterator:
             whole.runs.extend(chunk.runs)
             whole.turns.extend(chunk.turns)
-        self.host.feed(resynced(whole, self.host.clock()))
+        dataplane = dataplane_of(context)
+        self.host.resync(whole, dataplane)
         state = self.host.state
-        log.info("resynced: %d runs, %d turns in flight", len(state.runs), len(state.placed()))
+        log.info("resynced%s: %d runs, %d turns in flight", f" from {dataplane}" if dataplane else "",
+                 len(state.runs), len(state.placed()))  # fmt: skip
         return pb.ResyncReply(runs=len(state.runs), turns=len(state.placed()))
 
 

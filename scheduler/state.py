@@ -94,6 +94,9 @@ class Run(NamedTuple):
     # For an interactive run paused on a tool: until when batch keeps room for it on its replica
     # (see admission.keep_paused_for); None once that has passed, or when it is not paused.
     kept_until: float | None = None
+    # The dataplane its latest turn came through ("" for a single unnamed one): a resync from
+    # that dataplane speaks for the run (see core._resynced).
+    dataplane: str = ""
 
 
 class Turn(NamedTuple):
@@ -118,6 +121,8 @@ class Turn(NamedTuple):
     # Whether the engine is known to have started it (see admission.py): until then it may still
     # be waiting in the engine's queue, and counts against the replica's lookahead.
     confirmed: bool = False
+    # The dataplane that admitted it: only that dataplane's resync replaces it once placed.
+    dataplane: str = ""
 
 
 # Where a held turn may go, as far as its own fields and its run's pin say: (kind, model, the

@@ -1,7 +1,8 @@
 """In-process doubles for the dataplane's neighbours, to drive the failure cases exactly.
 
 `FakeScheduler` is a gRPC server speaking the real contract whose admissions a test can hold,
-refuse, or let through, and which records every admission and event. `ScriptedEngine` is an ASGI app
+refuse, or let through, and which records every admission and event; it puts a turn without a
+run header in its run as the scheduler does (the scheduler's own `RunIdentity`). `ScriptedEngine` is an ASGI app
 that answers chat completions the way a test tells it to: a whole reply, a stream that ends,
 breaks off or waits, or an error status. The dataplane itself runs under uvicorn on a loopback
 port in the test's own event loop, so the client, the dataplane and both doubles share one loop
@@ -30,6 +31,7 @@ from support import free_port
 from luftpause import config as lp_config
 from luftpause.dataplane.app import create_app
 from luftpause.proto import pb, rpc
+from luftpause.scheduler.run_identity import RunIdentity
 
 MODEL = "fake-llama"
 
@@ -58,6 +60,7 @@ class FakeScheduler(rpc.SchedulerServicer):
         # Everything in the order it arrived, as ("admit"|"resync"|event kind, turn id).
         self.log: list[tuple[str, str]] = []
         self.hold = False
+        self.identity = RunIdentity()
         self._release = asyncio.Event()
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -91,7 +94,8 @@ class FakeScheduler(rpc.SchedulerServicer):
                 self._release.clear()
                 await self._release.wait()
             held.pop(request.turn_id, None)
-            reply = pb.AdmitReply(outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url)
+            run_id = self.identity.run_of(request.echoed_tool_call_ids) or request.run_id
+            reply = pb.AdmitReply(outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url, run_id=run_id)
             answers.put_nowait(pb.Placement(turn_id=request.turn_id, reply=reply))
 
         async def read() -> None:
@@ -113,6 +117,10 @@ class FakeScheduler(rpc.SchedulerServicer):
                     event = item.event
                     self.events.append(event)
                     self.log.append((event.WhichOneof("event"), event.turn_id))
+                    if event.WhichOneof("event") == "completed":
+                        self.identity.remember(event.run_id, event.completed.tool_call_ids)
+                    elif event.WhichOneof("event") == "run_ended":
+                        self.identity.forget(event.run_id)
                     if event.WhichOneof("event") == "abandoned" and event.turn_id in held:
                         # Abandoned while held: it leaves the queue unanswered.
                         held.pop(event.turn_id).cancel()

@@ -59,9 +59,12 @@ class Pool:
         caller: str = "c",
         model: str = "m",
         kind: Kind = Kind.GENERATIVE,
+        dataplane: str = "",
     ) -> tuple[Action, ...]:
         return self.feed(
-            TurnArrived(turn_id, run_id or f"run-{turn_id}", ServiceClass(cls), caller, model, kind, self.now)
+            TurnArrived(
+                turn_id, run_id or f"run-{turn_id}", ServiceClass(cls), caller, model, kind, self.now, dataplane
+            )
         )
 
     def start(self, *turn_ids: str, streamed: bool = True) -> tuple[Action, ...]:

@@ -807,6 +807,41 @@ def test_resync_replaces_runs_and_turns_and_keeps_held_turns():
     assert placements(pool.arrive("t10", run_id="r1")) == [("t10", "b")]
 
 
+def test_a_resync_from_one_dataplane_leaves_what_another_sent():
+    # Two dataplanes (say two workers behind one port) share the scheduler; one restarts and
+    # resyncs an empty view: only its own placed turns and the runs last seen through it go.
+    pool = Pool(spec("a", lookahead=4))
+    pool.arrive("w1-t", run_id="r1", dataplane="w1")
+    pool.arrive("w2-t", run_id="r2", dataplane="w2")
+    pool.complete("w2-t", tool_calls=True)
+    pool.arrive("w2-t2", run_id="r3", dataplane="w2")
+    pool.wait(1)
+    pool.feed(Resynced(runs=(), turns=(), at=pool.now, dataplane="w2"))
+    assert set(pool.state.runs) == {"r1"}
+    assert [t.turn_id for t in pool.state.placed()] == ["w1-t"]
+    assert pool.state.in_flight("a") == 1
+    # A run it names but whose latest turn came through the other one more recently keeps the
+    # other's view; one it names that the other saw earlier takes this one's.
+    pool.wait(1)
+    pool.feed(
+        Resynced(
+            runs=(
+                ResyncedRun("r1", "a", Phase.IDLE, ServiceClass.INTERACTIVE, "c", idle_s=30.0),
+                ResyncedRun("r2", "a", Phase.PAUSED, ServiceClass.INTERACTIVE, "c", idle_s=1.0),
+            ),
+            turns=(ResyncedTurn("w2-t9", "r2", "a", ServiceClass.INTERACTIVE, "c", "m"),),
+            at=pool.now,
+            dataplane="w2",
+        )
+    )
+    assert pool.state.runs["r1"].phase is Phase.GENERATING
+    assert pool.state.runs["r2"].phase is Phase.PAUSED
+    assert sorted(t.turn_id for t in pool.state.placed()) == ["w1-t", "w2-t9"]
+    # w1's turn still ends normally, and its run goes idle.
+    pool.complete("w1-t")
+    assert pool.state.runs["r1"].phase is Phase.IDLE
+
+
 def test_a_resynced_paused_interactive_run_keeps_room_from_batch():
     pool = Pool(spec("a", lookahead=2))
     pool.feed(
