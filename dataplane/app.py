@@ -4,13 +4,15 @@ Routes: `POST /v1/chat/completions` (the per-turn path, `proxy.Proxy`), `POST /v
 (`decide.Decide`), `GET /v1/models` (every model the pool serves),
 `DELETE /v1/runs/{run_id}` (the agent ends a run), `GET /health` and `GET /metrics`
 (Prometheus). With `LUFTPAUSE_TOKEN` set, every `/v1` route needs it as a bearer token
-(`auth.BearerAuth`). `serve(config)` runs it under uvicorn until SIGTERM or SIGINT.
+(`auth.BearerAuth`). `serve(config)` runs it under uvicorn until SIGTERM or SIGINT, as one
+process or as one worker of several sharing the port (`workers`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause import logs
-from luftpause.dataplane import headers, server
+from luftpause.dataplane import headers, server, workers
 from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
@@ -64,10 +66,11 @@ class DataplaneApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
+def create_app(config: lp_config.Config, token: str | None = None, name: str = "") -> FastAPI:
     """The dataplane app; `token` is the bearer every /v1 request needs (None lets everyone in),
-    and what it shows the scheduler's gRPC port, which asks for the same one."""
-    proxy = Proxy(config, token)
+    and what it shows the scheduler's gRPC port, which asks for the same one; `name` is what it
+    calls itself to the scheduler when it is one worker of several."""
+    proxy = Proxy(config, token, name)
     gate = BearerGate(token)
     quiet_deliberate_cut_offs()
 
@@ -130,13 +133,18 @@ def create_app(config: lp_config.Config, token: str | None = None) -> FastAPI:
     return app
 
 
-def serve(config: lp_config.Config) -> None:
-    """Runs the dataplane on config.dataplane.host:port until SIGTERM or SIGINT."""
+def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | None = None) -> None:
+    """Runs the dataplane on config.dataplane.host:port until SIGTERM or SIGINT: in this process,
+    or as worker `worker` of several accepting on the inherited socket `listen_fd`."""
     settings = config.dataplane
-    log.info("dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler)
+    name = "" if worker is None else workers.worker_name(settings, worker)
+    if worker is None:
+        log.info("dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler)
+    else:
+        log.info("dataplane worker %d (%s), scheduler at %s", worker, name, settings.scheduler)
     server.raise_fd_limit(settings.max_connections)
-    uvicorn.run(
-        HostGuard(create_app(config, token_from_env()), allowed_hosts(config)),
+    uv_config = uvicorn.Config(
+        HostGuard(create_app(config, token_from_env(), name), allowed_hosts(config)),
         host=settings.host,
         port=settings.port,
         http=server.protocol(settings.header_timeout_s, settings.max_connections),
@@ -146,3 +154,5 @@ def serve(config: lp_config.Config) -> None:
         access_log=logs.access_log(),
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
+    sockets = None if listen_fd is None else [socket.socket(fileno=listen_fd)]
+    uvicorn.Server(uv_config).run(sockets=sockets)

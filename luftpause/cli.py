@@ -28,10 +28,29 @@ def _scheduler(args: argparse.Namespace) -> None:
     serve(_load_config(args))
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
+    return n
+
+
 def _dataplane(args: argparse.Namespace) -> None:
+    from luftpause.dataplane import workers
     from luftpause.dataplane.app import serve
 
-    serve(_load_config(args))
+    conf = _load_config(args)
+    if args.workers is not None:
+        conf = conf.model_copy(update={"dataplane": conf.dataplane.model_copy(update={"workers": args.workers})})
+    if args.worker is not None:
+        serve(conf, worker=args.worker, listen_fd=args.listen_fd)
+    elif conf.dataplane.workers > 1:
+        workers.serve_workers(conf, workers.worker_argv(args.config, args.log_level))
+    else:
+        serve(conf)
 
 
 def _runtime(args: argparse.Namespace) -> None:
@@ -173,9 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sub.add_parser("scheduler", help="the scheduler: gRPC on 5000, status on 5001")).set_defaults(
         func=_scheduler
     )
-    with_config(sub.add_parser("dataplane", help="the OpenAI-compatible proxy on 8080")).set_defaults(
-        func=_dataplane
+    p = with_config(sub.add_parser("dataplane", help="the OpenAI-compatible proxy on 8080"))
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="dataplane processes sharing the port (default: [dataplane] workers, 1)",
     )
+    # How a multi-worker dataplane starts each worker (dataplane/workers.py); not for users.
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=_dataplane)
     p = with_config(sub.add_parser("runtime", help="the MCP server with spawn / await on 7000"))
     p.add_argument("--state-dir", default=None, help="where runs.jsonl lives (default from config)")
     p.set_defaults(func=_runtime)

@@ -111,6 +111,9 @@ class DataplaneSettings(_Strict):
     # be open at once (a 503 for the next): dataplane/server.py.
     header_timeout_s: float = Field(default=10.0, gt=0)
     max_connections: int = Field(default=2048, ge=1)
+    # Dataplane processes accepting on the one port, each with its own scheduler stream
+    # (dataplane/workers.py); max_connections is per worker.
+    workers: int = Field(default=1, ge=1, le=64)
 
 
 class McpServer(_Strict):

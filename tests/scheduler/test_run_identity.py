@@ -21,9 +21,7 @@ class Clock:
 
 def host() -> tuple[SchedulerHost, Clock]:
     clock = Clock()
-    config = lp_config.Config(
-        replicas=[lp_config.Replica(name="a", url="http://127.0.0.1:9", models=["m"])]
-    )
+    config = lp_config.Config(replicas=[lp_config.Replica(name="a", url="http://127.0.0.1:9", models=["m"])])
     return SchedulerHost(config, clock), clock
 
 

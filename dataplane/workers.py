@@ -1,0 +1,154 @@
+"""Several dataplane processes behind one port: `[dataplane] workers` (or `--workers N`).
+
+One Python process carries every turn's HTTP, SSE and gRPC work on one core. With N workers,
+this process binds the port once and starts N dataplane processes that all accept on that one
+listening socket (the kernel hands each new connection to one of them; a kept-alive connection
+stays with the worker that took it). It starts nothing else and serves nothing itself.
+
+Each worker keeps its own Turns stream to the scheduler under a name of its own
+(`<host>:<port>/<k>`, the same after a restart), so that its resync replaces only what came
+through it; the scheduler puts a turn without a run header in its run whichever worker carried
+the run's last turn (scheduler/run_identity.py). A caller is named by its request's headers, so
+it is one caller across workers. What stays per worker: `/metrics` (a scrape sees the worker
+that took the connection), `/health`, and `[dataplane] max_connections` (a limit per worker).
+
+A worker that dies is started again after `RESTART_S`; one that dies `MAX_DEATHS` times within
+`DEATH_WINDOW_S` stops them all, with its exit code. SIGTERM, SIGINT and SIGHUP stop every
+worker (each lets its turns in flight finish, as a single dataplane does); each worker also
+stops should this process die without that (`lifeline`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+
+from luftpause import config as lp_config
+from luftpause import lifeline
+
+log = logging.getLogger(__name__)
+
+RESTART_S = 1.0
+MAX_DEATHS = 5
+DEATH_WINDOW_S = 60.0
+# How often the workers are looked at; a dead one is noticed within this.
+WATCH_PERIOD_S = 0.2
+STOP_GRACE_S = 10.0
+LISTEN_BACKLOG = 2048
+
+
+def worker_name(settings: lp_config.DataplaneSettings, k: int) -> str:
+    """The name worker `k` gives itself to the scheduler: the same across its restarts."""
+    return f"{settings.host}:{settings.port}/{k}"
+
+
+def listen(settings: lp_config.DataplaneSettings) -> socket.socket:
+    """The one listening socket the workers share; SystemExit naming the port when it is taken."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(
+            f"luftpause dataplane: cannot listen on {settings.host}:{settings.port}: {e.strerror}"
+        ) from None
+    sock.listen(LISTEN_BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Worker:
+    def __init__(self, k: int, argv: list[str], fd: int) -> None:
+        self.k, self.argv, self.fd = k, argv, fd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.deaths: deque[float] = deque()
+        self.restart_at: float | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [*self.argv, "--worker", str(self.k), "--listen-fd", str(self.fd)],
+            pass_fds=(self.fd,),
+            stdin=subprocess.DEVNULL,
+            env=lifeline.child_env(),
+            preexec_fn=lifeline.preexec,
+        )
+        self.restart_at = None
+
+
+def serve_workers(config: lp_config.Config, argv: list[str]) -> None:
+    """Runs `config.dataplane.workers` dataplanes on one port until a signal stops them.
+
+    `argv`: the command that starts one dataplane with this config (`luftpause ... dataplane
+    --config FILE`); each worker gets `--worker K --listen-fd FD` added."""
+    settings = config.dataplane
+    sock = listen(settings)
+    workers = [_Worker(k, argv, sock.fileno()) for k in range(settings.workers)]
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    for worker in workers:
+        worker.start()
+    log.info("dataplane on http://%s:%d in %d workers, scheduler at %s",
+             settings.host, settings.port, len(workers), settings.scheduler)  # fmt: skip
+    failed = 0
+    try:
+        while not stopping and not failed:
+            now = time.monotonic()
+            for worker in workers:
+                assert worker.proc is not None
+                code = worker.proc.poll()
+                if code is None:
+                    continue
+                if worker.restart_at is None:
+                    worker.deaths.append(now)
+                    while worker.deaths and now - worker.deaths[0] > DEATH_WINDOW_S:
+                        worker.deaths.popleft()
+                    if len(worker.deaths) >= MAX_DEATHS:
+                        log.error("dataplane worker %d died %d times within %.0f s (last exit code %s); stopping",
+                                  worker.k, len(worker.deaths), DEATH_WINDOW_S, code)  # fmt: skip
+                        failed = code or 1
+                        break
+                    log.warning("dataplane worker %d exited (code %s); starting it again in %.0f s",
+                                worker.k, code, RESTART_S)  # fmt: skip
+                    worker.restart_at = now + RESTART_S
+                elif now >= worker.restart_at:
+                    worker.start()
+            time.sleep(WATCH_PERIOD_S)
+    finally:
+        _stop(workers)
+        sock.close()
+    if failed:
+        raise SystemExit(failed)
+
+
+def _stop(workers: list[_Worker]) -> None:
+    running = [w.proc for w in workers if w.proc is not None and w.proc.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def worker_argv(config_path: str | None, log_level: str) -> list[str]:
+    """The command line of one dataplane worker with this config file and log level."""
+    argv = [sys.executable, "-m", "luftpause", "--log-level", log_level, "dataplane"]
+    if config_path:
+        argv += ["--config", os.fspath(config_path)]
+    return argv

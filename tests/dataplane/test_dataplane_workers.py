@@ -1,0 +1,168 @@
+"""`luftpause dataplane --workers 2`: two dataplane processes behind one port, real processes.
+
+A fake engine, the scheduler and a dataplane of two workers on loopback. Which worker takes a
+new connection is the kernel's choice; the tests make it theirs by stopping one worker
+(SIGSTOP) while a connection is opened, so that only the other one accepts. What a user sees:
+
+- an agent that sends no run header keeps one run however its turns are spread over the workers;
+- a worker that dies is started again, and its resync leaves the other worker's turns in flight
+  alone: the scheduler still counts them, and they finish;
+- stopping the dataplane stops every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from support import Ports, Service, running, wait_until, write_config
+
+MODEL = "fake-llama"
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+@dataclass
+class Stack:
+    ports: Ports
+    engine: Service
+    scheduler: Service
+    dataplane: Service
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.dataplane}"
+
+    def workers(self) -> list[int]:
+        """The worker processes' pids, in the order they were started."""
+        assert self.dataplane.proc is not None
+        pid = self.dataplane.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return [int(c) for c in children]
+
+    def in_flight(self) -> int:
+        doc = httpx.get(f"http://127.0.0.1:{self.ports.status}/status", timeout=5).json()
+        return sum(r["in_flight"] for r in doc["replicas"])
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    ports = Ports()
+    ports.engines = ports.engines[:1]
+    path = write_config(tmp_path, ports)
+    engine = Service(
+        "engine",
+        ["fake-engine", "--name", "fake-a", "--port", str(ports.engines[0]), "--time-scale", "1"],
+        tmp_path / "engine.log",
+    )
+    scheduler = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log")
+    dataplane = Service(
+        "dataplane", ["dataplane", "--config", str(path), "--workers", "2"], tmp_path / "dataplane.log"
+    )
+    with running(engine.start(), scheduler.start(), dataplane.start()):
+        s = Stack(ports, engine, scheduler, dataplane)
+        engine.wait_tcp(ports.engines[0])
+        scheduler.wait_http(f"http://127.0.0.1:{ports.status}/status")
+        dataplane.wait_http(f"{s.url}/health")
+        wait_until(lambda: len(s.workers()) == 2, what="two workers")
+        # Both workers connected to the scheduler (each says so once it has resynced).
+        wait_until(lambda: scheduler.output().count("resynced from") >= 2, what="both workers' resyncs")
+        yield s
+
+
+@dataclass
+class OnlyWorker:
+    """While in effect, every other worker is stopped: new connections go to `pid` alone."""
+
+    stack: Stack
+    pid: int
+
+    def __enter__(self) -> None:
+        self._others = [p for p in self.stack.workers() if p != self.pid]
+        for pid in self._others:
+            os.kill(pid, signal.SIGSTOP)
+
+    def __exit__(self, *_: object) -> None:
+        for pid in self._others:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_run_without_a_header_stays_one_run_across_the_workers(stack: Stack):
+    first, second = stack.workers()
+    messages: list[dict] = [{"role": "user", "content": "find three facts"}]
+    run_ids = []
+    for k in range(6):
+        body = {
+            "model": MODEL,
+            "messages": messages,
+            "tools": [LOOKUP],
+            "tool_choice": "required",
+            "max_tokens": 16,
+        }
+        with OnlyWorker(stack, (first, second)[k % 2]), httpx.Client(timeout=30) as client:
+            reply = client.post(f"{stack.url}/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        run_ids.append(reply.headers["x-luftpause-run-id"])
+        message = reply.json()["choices"][0]["message"]
+        messages += [
+            message,
+            *({"role": "tool", "tool_call_id": c["id"], "content": "a fact"} for c in message["tool_calls"]),
+        ]
+    assert len(set(run_ids)) == 1, run_ids
+    # A new conversation is a new run, whichever worker takes it.
+    with httpx.Client(timeout=30) as client:
+        other = client.post(
+            f"{stack.url}/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+        )
+    assert other.headers["x-luftpause-run-id"] != run_ids[0]
+
+
+def test_a_worker_dying_leaves_the_other_workers_turns_counted_and_they_finish(stack: Stack):
+    first, second = stack.workers()
+    streamed: dict[str, object] = {}
+
+    def long_turn() -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "write at length"}], "max_tokens": 200,
+                "stream": True, "ignore_eos": True}  # fmt: skip
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream("POST", f"{stack.url}/v1/chat/completions", json=body) as reply,
+        ):
+            streamed["status"] = reply.status_code
+            streamed["body"] = "".join(reply.iter_text())
+
+    with OnlyWorker(stack, first):
+        turn = threading.Thread(target=long_turn)
+        turn.start()
+        wait_until(
+            lambda: stack.in_flight() == 1, timeout_s=10, what="the turn placed through the first worker"
+        )
+    # The engine stands still until the restart is over, so the turn is still running through it.
+    stack.engine.send_signal(signal.SIGSTOP)
+    resyncs = stack.scheduler.output().count("resynced from")
+    os.kill(second, signal.SIGKILL)
+    wait_until(lambda: second not in stack.workers() and len(stack.workers()) == 2, timeout_s=15,
+               what="the second worker started again")  # fmt: skip
+    wait_until(lambda: stack.scheduler.output().count("resynced from") > resyncs, timeout_s=15,
+               what="the new worker's resync")  # fmt: skip
+    # Its resync said nothing of the first worker's turn: still counted on its replica.
+    assert stack.in_flight() == 1
+    stack.engine.send_signal(signal.SIGCONT)
+    turn.join(timeout=60)
+    assert streamed["status"] == 200
+    assert str(streamed["body"]).rstrip().endswith("data: [DONE]")
+    wait_until(lambda: stack.in_flight() == 0, timeout_s=10, what="the finished turn's slot freed")
+
+
+def test_stopping_the_dataplane_stops_every_worker(stack: Stack):
+    workers = stack.workers()
+    stack.dataplane.stop()
+    assert stack.dataplane.proc is not None and stack.dataplane.proc.returncode == 0
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
