@@ -16,11 +16,14 @@ The load generator is a bare asyncio HTTP/1.1 client, so that it is cheap next t
 The engine is `luftpause fake-engine` with its timing overridden to no delay (`--engine fake`),
 or `proxy_canned_engine` (`--engine canned`), which replays one prepared stream and costs far
 less CPU a turn, so that the engine does not bound the arms on a small machine.
-With `--profile`, one more luftpause pass runs under py-spy (dataplane and scheduler) and the
-functions the dataplane spends its time in are printed.
+With `--workers 1,2`, the luftpause arm is run once per worker count, each its own dataplane
+(`luftpause dataplane --workers N`, arms `luftpause` and `luftpause-2w`) beside the others, all
+sharing the one scheduler. With `--profile`, one more luftpause pass runs under py-spy (dataplane
+and scheduler) and the functions the dataplane spends its time in are printed.
 
     luftpause bench proxy_overhead [--engine fake|canned] [--turns 2000] [--concurrency 1,64]
-                                   [--repeats 1] [--arms direct,router,luftpause] [--profile]
+                                   [--repeats 1] [--arms direct,router,luftpause] [--workers 1]
+                                   [--profile]
 """
 
 from __future__ import annotations
@@ -401,8 +404,15 @@ def _short(frame: str) -> str:
 # -- the run --
 
 
-def _config(work: Path, engine_port: int, grpc_port: int, status_port: int, dataplane_port: int) -> Path:
-    path = work / "luftpause.toml"
+def _config(
+    work: Path,
+    engine_port: int,
+    grpc_port: int,
+    status_port: int,
+    dataplane_port: int,
+    name: str = "luftpause.toml",
+) -> Path:
+    path = work / name
     path.write_text(
         f"""
 [scheduler]
@@ -422,12 +432,27 @@ models = ["{MODEL}"]
     return path
 
 
+def luftpause_arm(workers: int) -> str:
+    return "luftpause" if workers == 1 else f"luftpause-{workers}w"
+
+
+def _dataplane_of(arm: str) -> str:
+    return arm.replace("luftpause", "dataplane", 1)
+
+
 @contextlib.contextmanager
-def stack(engine: str, arms: list[str], work: Path) -> Iterator[tuple[dict[str, Arm], list[Server]]]:
+def stack(
+    engine: str, arms: list[str], work: Path, workers: list[int]
+) -> Iterator[tuple[dict[str, Arm], list[Server]]]:
     py = sys.executable
     engine_port, router_port, prom_port = free_port(), free_port(), free_port()
-    grpc_port, status_port, dataplane_port = free_port(), free_port(), free_port()
-    config = _config(work, engine_port, grpc_port, status_port, dataplane_port)
+    grpc_port, status_port = free_port(), free_port()
+    dataplane_ports = {w: free_port() for w in workers}
+    configs = {
+        w: _config(work, engine_port, grpc_port, status_port, port, f"luftpause-{w}.toml")
+        for w, port in dataplane_ports.items()
+    }
+    config = configs[workers[0]]
     if engine == "canned":
         engine_server = Server(
             "engine",
@@ -485,29 +510,45 @@ def stack(engine: str, arms: list[str], work: Path) -> Iterator[tuple[dict[str, 
             router_url = f"http://127.0.0.1:{router_port}"
             wait_for("the SGLang router to take its worker", lambda: _chat_ok(router_url), servers)
             made["router"] = Arm("router", router_url, [router], lambda i: {})
-        if "luftpause" in arms:
+        if any(a.startswith("luftpause") for a in arms):
             scheduler = Server(
                 "scheduler",
                 [py, "-m", "luftpause", "--log-level", "WARNING", "scheduler", "--config", str(config)],
                 work / "scheduler.log",
             )
-            dataplane = Server(
-                "dataplane",
-                [py, "-m", "luftpause", "--log-level", "WARNING", "dataplane", "--config", str(config)],
-                work / "dataplane.log",
-                env={"LUFTPAUSE_TOKEN": TOKEN},
-            )
-            servers += [scheduler.start(), dataplane.start()]
-            dataplane_url = f"http://127.0.0.1:{dataplane_port}"
+            servers.append(scheduler.start())
             auth = {"authorization": f"Bearer {TOKEN}"}
-            wait_for("the dataplane", lambda: _chat_ok(dataplane_url, auth), servers)
-            made["luftpause"] = Arm(
-                "luftpause",
-                dataplane_url,
-                [dataplane, scheduler],
-                # One run per stream, as agents with their own loop would send.
-                lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"},
-            )
+            for w in workers:
+                arm = luftpause_arm(w)
+                dataplane = Server(
+                    _dataplane_of(arm),
+                    [
+                        py,
+                        "-m",
+                        "luftpause",
+                        "--log-level",
+                        "WARNING",
+                        "dataplane",
+                        "--config",
+                        str(configs[w]),
+                        "--workers",
+                        str(w),
+                    ],  # fmt: skip
+                    work / f"{_dataplane_of(arm)}.log",
+                    env={"LUFTPAUSE_TOKEN": TOKEN},
+                )
+                servers.append(dataplane.start())
+                dataplane_url = f"http://127.0.0.1:{dataplane_ports[w]}"
+                wait_for(
+                    f"the dataplane ({w} workers)", lambda url=dataplane_url: _chat_ok(url, auth), servers
+                )
+                made[arm] = Arm(
+                    arm,
+                    dataplane_url,
+                    [dataplane, scheduler],
+                    # One run per stream, as agents with their own loop would send.
+                    lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"},
+                )
         yield made, servers
     finally:
         for server in reversed(servers):
@@ -515,8 +556,19 @@ def stack(engine: str, arms: list[str], work: Path) -> Iterator[tuple[dict[str, 
 
 
 def run(
-    engine: str, arms: list[str], concurrency: list[int], turns: int, repeats: int, warmup: int, profile: bool
+    engine: str,
+    arms: list[str],
+    concurrency: list[int],
+    turns: int,
+    repeats: int,
+    warmup: int,
+    profile: bool,
+    workers: list[int] | None = None,
 ) -> dict[str, Any]:
+    workers = workers or [1]
+    if "luftpause" in arms:
+        at = arms.index("luftpause")
+        arms = [*arms[:at], *(luftpause_arm(w) for w in workers), *arms[at + 1 :]]
     work = Path(tempfile.mkdtemp(prefix="luftpause-proxy-overhead-"))
     record: dict[str, Any] = {
         "engine": engine,
@@ -524,10 +576,11 @@ def run(
         "repeats": repeats,
         "arms": arms,
         "concurrency": concurrency,
+        "workers": workers,
         "runs": [],
         "logs": str(work),
     }
-    with stack(engine, arms, work) as (made, servers):
+    with stack(engine, arms, work, workers) as (made, servers):
         for repeat in range(repeats):
             order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]
             for c in concurrency:
@@ -536,7 +589,7 @@ def run(
                     result["repeat"] = repeat
                     record["runs"].append(result)
                     print(_line(result), flush=True)
-        if profile and "luftpause" in made:
+        if profile and "luftpause" in made and "dataplane" in {s.name for s in servers}:
             dataplane = next(s for s in servers if s.name == "dataplane")
             scheduler = next(s for s in servers if s.name == "scheduler")
             summary = profile_dataplane(
@@ -550,7 +603,7 @@ def run(
 def _line(r: dict[str, Any]) -> str:
     cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_turn"].items() if v >= 0.005)
     return (
-        f"{r['arm']:>9} x{r['concurrency']:<3} {r['turns']} turns: "
+        f"{r['arm']:>12} x{r['concurrency']:<3} {r['turns']} turns: "
         f"ttfb p50 {r['ttfb_ms']['p50']:.2f} p99 {r['ttfb_ms']['p99']:.2f} ms, "
         f"last p50 {r['last_byte_ms']['p50']:.2f} p99 {r['last_byte_ms']['p99']:.2f} ms, "
         f"{r['turns_per_s']:.0f} turns/s; CPU ms/turn: {cpu}"
@@ -592,11 +645,9 @@ def table(record: dict[str, Any]) -> str:
             }
         direct = summary.get("direct")
         for arm, s in summary.items():
-            servers = {
-                "direct": ["engine"],
-                "router": ["router", "engine"],
-                "luftpause": ["dataplane", "scheduler", "engine"],
-            }[arm]
+            servers = {"direct": ["engine"], "router": ["router", "engine"]}.get(
+                arm, [_dataplane_of(arm), "scheduler", "engine"]
+            )
             cpu = ", ".join(f"{name} {s['cpu'][name]:.2f}" for name in servers if name in s["cpu"])
             added = (
                 "-"
@@ -618,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,64", help="comma-separated stream counts")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--arms", default="direct,router,luftpause")
+    p.add_argument(
+        "--workers",
+        default="1",
+        help="comma-separated dataplane worker counts, one luftpause arm each (default 1)",
+    )
     p.add_argument("--profile", action="store_true", help="profile the dataplane with py-spy afterwards")
     args = p.parse_args(argv)
     # Readiness checks go through httpx, which logs every request at INFO.
@@ -633,7 +689,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"proxy overhead: engine {args.engine}, arms {', '.join(arms)}, streams {concurrency}, {args.turns} turns each"
     )
-    record = run(args.engine, arms, concurrency, args.turns, args.repeats, args.warmup, args.profile)
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w]
+    except ValueError:
+        p.error(f"--workers takes comma-separated whole numbers, got {args.workers!r}")
+    if not workers or any(w < 1 for w in workers) or len(set(workers)) != len(workers):
+        p.error(f"--workers takes distinct worker counts of 1 or more, got {args.workers!r}")
+    record = run(args.engine, arms, concurrency, args.turns, args.repeats, args.warmup, args.profile, workers)
     text = table(record)
     path = results.write("proxy_overhead", record, text)
     print(text)
