@@ -443,8 +443,10 @@ class Proxy:
     # -- reporting: what happened to a turn, told to the scheduler and counted in the metrics --
 
     def started(self, turn: Turn) -> None:
-        """The engine request goes out now."""
-        self._report(turn, started=pb.TurnStarted(streamed=turn.streamed))
+        """The engine request goes out now. For a streamed reply the scheduler learns nothing
+        from this that its first token will not say (admission.py), so it travels with the
+        next event rather than in a message of its own."""
+        self._report(turn, urgent=not turn.streamed, started=pb.TurnStarted(streamed=turn.streamed))
         turn.sent_at = time.perf_counter()
 
     def first_token(self, turn: Turn) -> None:
@@ -482,8 +484,8 @@ class Proxy:
         self.metrics.ended(turn.route, outcome)
         self._report(turn, **event)
 
-    def _report(self, turn: Turn, **event: Any) -> None:
-        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event))
+    def _report(self, turn: Turn, urgent: bool = True, **event: Any) -> None:
+        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event), urgent)
 
     # -- helpers --
 

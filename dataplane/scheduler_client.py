@@ -145,17 +145,21 @@ class SchedulerClient:
     def placed(self, turn: PlacedTurn) -> None:
         self.runs.placed(turn)
 
-    def report(self, event: pb.TurnEvent) -> None:
-        """Records the event in the run book and queues it for the scheduler; never blocks."""
-        self.runs.apply(event)
-        self._send(pb.DataplaneItem(event=event))
+    def report(self, event: pb.TurnEvent, urgent: bool = True) -> None:
+        """Records the event in the run book and queues it for the scheduler; never blocks.
 
-    def _send(self, item: pb.DataplaneItem) -> None:
+        An event that is not `urgent` (no decision waits on it) does not wake the stream's
+        writer: it goes out in the next message, with whatever comes next, in order."""
+        self.runs.apply(event)
+        self._send(pb.DataplaneItem(event=event), urgent)
+
+    def _send(self, item: pb.DataplaneItem, urgent: bool = True) -> None:
         # While no stream is up, events are carried by the next resync and admissions by the
         # pending turns; neither is kept for the stream.
         if self._synced.is_set():
             self._outbox.append(item)
-            self._wake.set()
+            if urgent:
+                self._wake.set()
 
     # -- the stream --
 

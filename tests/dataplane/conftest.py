@@ -59,6 +59,8 @@ class FakeScheduler(rpc.SchedulerServicer):
         self.resyncs: list[pb.ResyncRequest] = []
         # Everything in the order it arrived, as ("admit"|"resync"|event kind, turn id).
         self.log: list[tuple[str, str]] = []
+        # What each message on the Turns stream carried, as those same pairs.
+        self.messages: list[list[tuple[str, str]]] = []
         self.hold = False
         self.identity = RunIdentity()
         self._release = asyncio.Event()
@@ -100,6 +102,13 @@ class FakeScheduler(rpc.SchedulerServicer):
 
         async def read() -> None:
             async for batch in request_iterator:
+                self.messages.append(
+                    [
+                        ("admit", i.admit.turn_id) if i.WhichOneof("item") == "admit" else
+                        (i.event.WhichOneof("event"), i.event.turn_id)
+                        for i in batch.items
+                    ]
+                )  # fmt: skip
                 for item in batch.items:
                     if item.WhichOneof("item") == "admit":
                         request = item.admit

@@ -67,6 +67,9 @@ async def test_a_stream_passes_through_and_first_token_is_reported_before_the_en
     assert rest == chunk({}, "stop") + b"data: [DONE]\n\n"
     assert len(run_id) == 32
     await until(lambda: stack.scheduler.kinds(turn_id) == ["started", "first_token", "completed"])
+    # A streamed turn's start tells the scheduler nothing its first token does not: one message
+    # carries both, so a turn costs the stream one message less.
+    assert [("started", turn_id), ("first_token", turn_id)] in stack.scheduler.messages
 
 
 async def test_unknown_model_is_a_404_without_an_engine_request(stack: Stack):
