@@ -14,20 +14,21 @@ id the client sent in UTF-8 is echoed in the same bytes.
 
 from __future__ import annotations
 
+from luftpause import lifecycle
 from luftpause.dataplane.errors import BadTurnRequest
+from luftpause.lifecycle import CALLER_MAX_BYTES
 from luftpause.proto import pb
 
-RUN_ID = "x-luftpause-run-id"
-SERVICE_CLASS = "x-luftpause-class"
-CALLER = "x-luftpause-caller"
-REPLICA = "x-luftpause-replica"
+RUN_ID = lifecycle.RUN_ID_HEADER
+SERVICE_CLASS = lifecycle.CLASS_HEADER
+CALLER = lifecycle.CALLER_HEADER
+REPLICA = lifecycle.REPLICA_HEADER
 TRACEPARENT = "traceparent"
 
-CALLER_MAX_BYTES = 128
 RUN_ID_MAX_BYTES = 256
 ANONYMOUS_CALLER = ""
 
-_CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
+_CLASSES = {lifecycle.INTERACTIVE: pb.INTERACTIVE, lifecycle.BATCH: pb.BATCH}
 
 
 def service_class(value: str | None) -> pb.ServiceClass:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from luftpause.lifecycle import RUN_IDLE_EXPIRY_S, pauses_run
 from luftpause.proto import pb
 
-RUN_IDLE_EXPIRY_S = 30 * 60.0
 # How often runs past the idle expiry are let go.
 PRUNE_PERIOD_S = 60.0
 # Each Resync message stays under this, a quarter of gRPC's default message limit.
@@ -92,7 +92,7 @@ class RunBook:
             return
         if kind == "completed":
             # A reply ending in tool calls pauses the run: the agent will come back with the results.
-            paused = event.completed.finish_reason == "tool_calls" or bool(event.completed.tool_call_ids)
+            paused = pauses_run(event.completed.finish_reason, event.completed.tool_call_ids)
             run.phase = pb.PAUSED if paused else pb.IDLE
         else:
             # A failed turn leaves its run idle, never paused, so a retry is admitted like any turn.

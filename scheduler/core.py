@@ -68,6 +68,7 @@ from typing import Any
 
 from immutables import Map
 
+from luftpause import lifecycle
 from luftpause.scheduler import admission
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
@@ -100,8 +101,8 @@ from luftpause.scheduler.state import (
 
 # A placed turn whose end is never reported (the dataplane crashed mid-turn) is dropped after this.
 TURN_TIMEOUT_S = 600.0
-# A run with no turn for this long is forgotten; its next turn starts without affinity.
-RUN_IDLE_EXPIRY_S = 1800.0
+# A run with no turn for this long is forgotten (a rule shared with the dataplane).
+RUN_IDLE_EXPIRY_S = lifecycle.RUN_IDLE_EXPIRY_S
 
 Decision = tuple[State, tuple[Action, ...]]
 

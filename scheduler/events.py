@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from luftpause import config as _config
+from luftpause.lifecycle import pauses_run
 from luftpause.scheduler.state import Kind, Phase, ServiceClass
 
 
@@ -117,8 +118,7 @@ class TurnCompleted:
 
     @property
     def paused_on_tool(self) -> bool:
-        # Some engines say "stop" while returning tool calls; the calls are what make the run come back.
-        return self.finish_reason == "tool_calls" or bool(self.tool_call_ids)
+        return pauses_run(self.finish_reason, self.tool_call_ids)
 
 
 @dataclass(frozen=True, slots=True)

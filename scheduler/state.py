@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from immutables import Map
 
+from luftpause import lifecycle
 from luftpause.config import LOOKAHEAD
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 
@@ -25,8 +26,8 @@ from luftpause.scheduler.ordered import EMPTY, SortedSet
 class ServiceClass(StrEnum):
     """What kind of work a turn is. Interactive goes first; batch leaves room for paused interactive runs."""
 
-    INTERACTIVE = "interactive"
-    BATCH = "batch"
+    INTERACTIVE = lifecycle.INTERACTIVE
+    BATCH = lifecycle.BATCH
 
 
 class Kind(StrEnum):
