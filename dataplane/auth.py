@@ -10,20 +10,18 @@ variable everyone is let in, and the service says so in a warning at start. `/he
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from luftpause.config import TOKEN_ENV
+from luftpause.errors import error_json
 
 log = logging.getLogger(__name__)
 
 _SCHEME = b"bearer "
-_UNAUTHORIZED = json.dumps(
-    {"error": {"message": f"missing or wrong bearer token (see {TOKEN_ENV})"}}
-).encode()
+_UNAUTHORIZED = error_json(f"missing or wrong bearer token (see {TOKEN_ENV})")
 
 
 def token_from_env() -> str | None:

@@ -122,7 +122,6 @@ class _Connection(asyncio.Protocol):
         self._error: EngineError | None = None
         self._done = False
         self._remaining = 0
-        self._framing = ""
         self.reusable = False
         self.got_bytes = False
         self._paused = False

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 from starlette.responses import JSONResponse
 
+from luftpause.errors import error_body
+
 
 class TurnRefused(Exception):
     """A turn the dataplane answers with an error of its own instead of an engine's reply."""
@@ -72,10 +74,6 @@ def describe(error: BaseException) -> str:
     """A one-line account of an exception; some transport errors carry no text of their own."""
     text = str(error).strip()
     return text if text else type(error).__name__
-
-
-def error_body(message: str) -> dict[str, dict[str, str]]:
-    return {"error": {"message": message}}
 
 
 def error_response(status_code: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:

@@ -426,7 +426,7 @@ class Proxy:
             _cut_off_on_purpose.set(True)
             return
         observation = observer.close()
-        if not (observation.done or observation.finish_reason):
+        if not observation.ran_to_its_end:
             self.failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
             _cut_off_on_purpose.set(True)
             return

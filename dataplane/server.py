@@ -18,11 +18,12 @@ that is too few for the limit.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from luftpause.errors import error_json
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ FDS_SPARE = 64
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": {"message": message}}).encode()
+    body = error_json(message)
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

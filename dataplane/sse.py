@@ -65,9 +65,10 @@ class ReplyObservation:
     done: bool = False
 
     @property
-    def finished(self) -> bool:
-        """Whether the reply ran to its end rather than breaking off."""
-        return not self.error and (self.done or bool(self.finish_reason))
+    def ran_to_its_end(self) -> bool:
+        """Whether the reply ended as a reply ends (a finish reason, or the closing [DONE]) rather
+        than breaking off; it may still carry an error the engine reported in it."""
+        return self.done or bool(self.finish_reason)
 
     def _note_choice(self, choice: Any, part: str) -> None:
         if not isinstance(choice, dict):

@@ -21,7 +21,6 @@ from luftpause.fake_engine.replies import Reply
 from luftpause.fake_engine.tokens import content_text
 
 EMITTED_P = 0.5
-MAX_TOP_LOGPROBS = 20
 _WORD = re.compile(r"[A-Za-z0-9_\-]+")
 _FILLER_ALTERNATIVES = ("the", "a", "and", "so", "it", "this", "that", "then")
 

@@ -33,6 +33,7 @@ from starlette.types import Receive
 
 from luftpause import logs
 from luftpause.config import DEFAULT_MODEL
+from luftpause.errors import error_body
 from luftpause.fake_engine import classify, metrics
 from luftpause.fake_engine.engine import EngineRequest
 from luftpause.fake_engine.logprobs import reply_logprobs
@@ -57,7 +58,7 @@ TIMING_ENV = "LUFTPAUSE_FAKE_ENGINE_TIMING"
 
 
 def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
+    return JSONResponse(error_body(message), status_code=status)
 
 
 def create_app(
@@ -278,7 +279,7 @@ async def _stream(
                     )
                     sent = end
     except EngineRejected as e:
-        yield _sse({"error": {"message": str(e)}})
+        yield _sse(error_body(str(e)))
         return
     yield _sse(envelope.chunk({}, finish_reason=reply.finish_reason, with_usage_field=usage_field))
     if usage_field:

@@ -17,13 +17,13 @@ agents, the MCP clients, curl) are judged by their `Host` alone.
 
 from __future__ import annotations
 
-import json
 import socket
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from luftpause import config as lp_config
+from luftpause.errors import error_json
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _WILDCARD_BINDS = ("", "0.0.0.0", "::")
@@ -91,7 +91,7 @@ class HostGuard:
 
 
 async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"error": {"message": message}}).encode()
+    body = error_json(message)
     await send(
         {
             "type": "http.response.start",

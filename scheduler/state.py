@@ -205,10 +205,6 @@ class State(NamedTuple):
         """Our turns placed on `replica` and not yet reported done."""
         return self.in_flight_by_replica.get(replica, 0)
 
-    def caller_in_flight(self, caller: str) -> int:
-        """The caller's turns placed anywhere and not yet reported done."""
-        return self.in_flight_by_caller.get(caller, 0)
-
     def waiting_ours(self, replica: str) -> int:
         """Our turns placed on `replica` that its engine is not yet known to have started."""
         waiting = self.unconfirmed.get(replica)

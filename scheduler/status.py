@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 
 from luftpause.config import TOKEN_ENV
 from luftpause.dataplane.auth import bearer_matches
+from luftpause.errors import error_body
 from luftpause.scheduler import admission
 from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
 
@@ -111,7 +112,7 @@ def run_document(state: State, run_id: str, now: float) -> dict[str, Any] | None
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
+    return JSONResponse(error_body(message), status_code=status)
 
 
 def build_app(current: Callable[[], State], clock: Callable[[], float], token: str | None = None) -> FastAPI:

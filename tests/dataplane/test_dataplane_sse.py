@@ -86,7 +86,7 @@ def test_a_text_stream_gives_first_token_finish_reason_and_usage():
     assert seen.finish_reason == "stop"
     assert (seen.prompt_tokens, seen.completion_tokens) == (12, 2)
     assert seen.tool_call_ids == []
-    assert seen.done and seen.finished
+    assert seen.done and seen.ran_to_its_end
 
 
 def test_an_empty_role_chunk_is_not_the_first_token():
@@ -123,17 +123,18 @@ def test_streams_without_blank_lines_between_events_are_read():
     assert seen.first_token and seen.finish_reason == "stop" and seen.done
 
 
-def test_a_stream_cut_short_is_not_finished():
+def test_a_stream_cut_short_did_not_run_to_its_end():
     seen, _ = _observe(TEXT_STREAM[: TEXT_STREAM.index(b'"stop"') - 30], [])
     assert seen.first_token
-    assert not seen.finished
+    assert not seen.ran_to_its_end
 
 
 def test_an_error_event_inside_the_stream_is_noted():
     stream = _event(_chunk({"content": "x"})) + _event({"error": {"message": "out of memory", "code": 500}})
     seen, _ = _observe(stream + b"data: [DONE]\n\n", [])
     assert seen.error == "out of memory"
-    assert not seen.finished
+    # It still ended as a reply ends: the client gets it whole, and the turn is reported failed.
+    assert seen.ran_to_its_end
 
 
 def test_comments_and_garbage_are_ignored():
