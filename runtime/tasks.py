@@ -40,14 +40,17 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, RequestParams, TextContent
 from pydantic import ConfigDict, ValidationError
 
-from luftpause.runtime.approvals import ApprovalForm, answer_of
+from luftpause.runtime.approvals import ApprovalForm, answer_of, decide_approval
 from luftpause.runtime.arguments import readable_arguments_error
 from luftpause.runtime.journal import read_records
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
-from luftpause.runtime.runs import Run, Runs, SpawnRefused, UnknownRun
+from luftpause.runtime.run import Run, UnknownRun
+from luftpause.runtime.runs import REFUSALS, Runs
+from luftpause.runtime.spec import SpawnArguments
+from luftpause.runtime.views import view
 
 if TYPE_CHECKING:
-    from luftpause.runtime.server import Runtime
+    from luftpause.runtime.parts import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +228,7 @@ class Tasks:
                 continue
             decision = answer_of(str(response.get("action")), response.get("content"))
             if decision is not None:
-                self.runs.decide_approval(run, decision, key.removeprefix("approve:"))
+                decide_approval(self.runs, run, decision, key.removeprefix("approve:"))
         task.updated_at = time.time()
 
     async def cancel(self, task: Task) -> None:
@@ -245,10 +248,10 @@ class Tasks:
 
 def run_result(run: Run) -> CallToolResult:
     """A finished run as the run tool's result."""
-    view = run.view().model_dump(mode="json")
+    shown = view(run).model_dump(mode="json")
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(view))],
-        structured_content=view,
+        content=[TextContent(type="text", text=json.dumps(shown))],
+        structured_content=shown,
         is_error=run.status != "finished",
     )
 
@@ -287,16 +290,16 @@ class TasksExtension(Extension):
         if params.name != "run" or not declared_tasks(ctx):
             return await call_next(ctx)
         try:
-            spec = self.runtime.spec_from(dict(params.arguments or {}))
-            handle = await self.runtime.spawn(spec, self.runtime.who(ctx))
+            arguments = SpawnArguments.of_call(dict(params.arguments or {}))
+            run = await self.runtime.spawn(arguments, self.runtime.who(ctx))
         except ValidationError as e:
             return CallToolResult(
                 content=[TextContent(type="text", text=readable_arguments_error("run", e))], is_error=True
             )
-        except (SpawnRefused, UnknownRun, ToolError, ValueError, JournalError) as e:
+        except (*REFUSALS, ToolError, ValueError) as e:
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
         try:
-            task = self.tasks.create(self.runtime.runs.get(handle))
+            task = self.tasks.create(run)
             await self.tasks.writer.durable()
         except JournalError as e:
             return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)

@@ -14,7 +14,8 @@ from luftpause.runtime import llm
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.journal import Journal, read_records
 from luftpause.runtime.llm import Dataplane, retry_after_s
-from luftpause.runtime.runs import Runs, RunSpec
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import RunSpec
 from luftpause.runtime.tool_servers import ToolResult, UpstreamTool
 
 LOOKUP = UpstreamTool(
