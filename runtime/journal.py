@@ -341,11 +341,6 @@ def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
     return records
 
 
-def replay_file(path: Path) -> list[ReplayedRun]:
-    """Folds the records of `path` into one `ReplayedRun` per spawned run, warning of each it skips."""
-    return _replay(read_records(path), path, warn=True)
-
-
 def _replay(records: list[dict[str, Any]], path: Path, warn: bool) -> list[ReplayedRun]:
     runs: dict[str, ReplayedRun] = {}
     for record in records:
