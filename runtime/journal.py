@@ -216,11 +216,11 @@ class Journal:
         leaving |= {h for h in archived if h in runs and runs[h].finished is not None}
         kept: list[dict[str, Any]] = []
         for handle, own in by_run.items():
-            run = runs.get(handle)
+            replayed = runs.get(handle)
             if handle in leaving:
                 continue
             # A run replay could not read stays as it was: it is the evidence of what went wrong.
-            kept.extend(own if run is None or run.finished is None else [own[0], run.finished])
+            kept.extend(own if replayed is None or replayed.finished is None else [own[0], replayed.finished])
         if not leaving and len(kept) == len(records):
             return 0
         fresh = [_archived_record(runs[h]) for h in runs if h in leaving and h not in archived]

@@ -175,7 +175,8 @@ def decision_of(answer: dict[str, Any]) -> dict[str, Any]:
     the label, each label's probability, and the labels that could not be scored."""
     data = answer.get("data")
     item = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-    probs = item.get("probs") if isinstance(item.get("probs"), list) else []
+    given = item.get("probs")
+    probs: list[Any] = given if isinstance(given, list) else []
     labels = item.get("labels")
     probabilities: dict[str, float] | list[float]
     if isinstance(labels, list) and len(labels) == len(probs):

@@ -262,7 +262,7 @@ def declared_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
         return False
     capabilities = ctx.session.client_capabilities
     declared = capabilities.extensions if capabilities is not None else None
-    return bool(declared) and IDENTIFIER in declared
+    return declared is not None and IDENTIFIER in declared
 
 
 class TasksExtension(Extension):
