@@ -229,7 +229,9 @@ class Journal:
         self.writer.close_file(self.path)
         _replace_durably(self.path, kept)
         self.writer.open(self.path)
-        log.info("journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh))
+        log.info(
+            "journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh)
+        )
         return len(fresh)
 
     def archive(self, runs: list[ReplayedRun]) -> None:
@@ -245,7 +247,9 @@ class Journal:
 
 
 def archived_handles(path: Path) -> set[str]:
-    return {r["run"] for r in read_records(path) if r.get("type") == "archived" and isinstance(r.get("run"), str)}
+    return {
+        r["run"] for r in read_records(path) if r.get("type") == "archived" and isinstance(r.get("run"), str)
+    }
 
 
 def _old_trees(

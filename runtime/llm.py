@@ -68,7 +68,9 @@ class Dataplane:
             try:
                 response = await self._http.post(url, json=body, headers=headers)
             except httpx.ConnectTimeout as e:
-                await retries.after(f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}")
+                await retries.after(
+                    f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}"
+                )
                 continue
             except httpx.TimeoutException:
                 raise TurnFailed(
@@ -81,7 +83,9 @@ class Dataplane:
             except httpx.HTTPError as e:
                 raise TurnFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
             if response.status_code in TRANSIENT_STATUSES:
-                await retries.after(f"the dataplane answered {response.status_code}: {error_message(response)}")
+                await retries.after(
+                    f"the dataplane answered {response.status_code}: {error_message(response)}"
+                )
                 continue
             if response.status_code == 429:
                 delay = retry_after_s(response.headers.get("retry-after"))

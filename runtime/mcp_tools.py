@@ -138,7 +138,9 @@ async def status(
     """Return runs as they stand now, without waiting: one run (with its parent and children),
     or every run you spawned."""
     who = runtime.who(ctx)
-    runs = [runtime.run_for(handle, who)] if handle is not None else [r for r in runtime.runs if who.may_see(r)]
+    runs = (
+        [runtime.run_for(handle, who)] if handle is not None else [r for r in runtime.runs if who.may_see(r)]
+    )
     return RunsResult(runs=[view(r) for r in runs])
 
 
@@ -195,7 +197,9 @@ async def decide(
     ] = None,
     model: Annotated[
         str | None,
-        Field(description="model to decide with; default: the classifier, or with labels the runtime's model"),
+        Field(
+            description="model to decide with; default: the classifier, or with labels the runtime's model"
+        ),
     ] = None,
 ) -> dict[str, Any]:
     """Classify `input` in one quick model call: returns the chosen label, each label's

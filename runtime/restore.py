@@ -88,7 +88,9 @@ async def evict(runs: Runs, retention_s: float, now: float | None = None) -> int
     leaving: list[Run] = []
     for root in runs.roots():
         tree = list(root.subtree())
-        if all(not r.running and r.finished_at is not None and now - r.finished_at > retention_s for r in tree):
+        if all(
+            not r.running and r.finished_at is not None and now - r.finished_at > retention_s for r in tree
+        ):
             leaving.extend(tree)
     if not leaving:
         return 0

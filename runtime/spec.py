@@ -66,7 +66,9 @@ class SpawnArguments(BaseModel):
 
     def spec(self, default_model: str) -> RunSpec:
         """The run's spec: these arguments, with `default_model` when none is named."""
-        return RunSpec.model_validate({**self.model_dump(), "model": default_model if self.model is None else self.model})
+        return RunSpec.model_validate(
+            {**self.model_dump(), "model": default_model if self.model is None else self.model}
+        )
 
 
 class RunSpec(SpawnArguments):

@@ -260,8 +260,16 @@ async def test_each_tool_call_carries_an_idempotency_key_of_run_round_and_place(
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "a"}'}},
-                {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "b"}'}},
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"query": "a"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"query": "b"}'},
+                },
             ],
         }
     )

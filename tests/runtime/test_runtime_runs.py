@@ -189,7 +189,10 @@ async def test_a_run_whose_step_cannot_be_journaled_fails_saying_so(tmp_path, mo
     stepped.set()
     (result,), timed_out = await registry.wait([run.handle], "all", 5)
     assert not timed_out and result.status == "failed"
-    assert result.error.startswith("journal: cannot write the journal") and "No space left on device" in result.error
+    assert (
+        result.error.startswith("journal: cannot write the journal")
+        and "No space left on device" in result.error
+    )
     await registry.shutdown()
 
 
