@@ -66,7 +66,11 @@ async def test_await_all_returns_when_every_run_has_ended(runs, script):
     a, b = runs.spawn(spec("a"), None), runs.spawn(spec("b"), None)
     waiter = asyncio.create_task(runs.wait([a.handle, b.handle], "all", 10))
     script.finish(a.handle)
-    await asyncio.sleep(0)
+    (first,), _ = await runs.wait([a.handle], "all", 5)
+    assert first.status == "finished"
+    # One of the two has ended: an await of all of them still waits, until its timeout.
+    result, timed_out = await runs.wait([a.handle, b.handle], "all", 0.2)
+    assert timed_out and [r.status for r in result] == ["finished", "running"]
     assert not waiter.done()
     script.finish(b.handle)
     result, timed_out = await asyncio.wait_for(waiter, 5)
