@@ -8,6 +8,7 @@ import errno
 import logging
 
 import pytest
+from support import until
 
 from luftpause.runtime import journal_writer
 from luftpause.runtime.journal import Journal, read_records
@@ -37,13 +38,6 @@ class Script:
 
     def finish(self, handle: str) -> None:
         self.release.setdefault(handle, asyncio.Event()).set()
-
-
-async def until(predicate, timeout_s: float = 5.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def spec(task: str = "t", **kw) -> RunSpec:

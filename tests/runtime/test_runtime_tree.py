@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+from support import until
 
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.approvals import decide_approval
@@ -149,13 +150,6 @@ def always_calls(run_id, body):
     if "tools" not in body:
         return answer()
     return calls_reply(("lookup", {"query": f"q{next(_ids)}"}))
-
-
-async def until(predicate, timeout_s: float = 10.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
