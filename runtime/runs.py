@@ -26,7 +26,7 @@ from luftpause.runtime.journal_writer import JournalError
 from luftpause.runtime.restore import from_archive
 from luftpause.runtime.run import Run, RunStatus, UnknownRun, new_handle
 from luftpause.runtime.spec import RunSpec, initial_messages
-from luftpause.runtime.waiting import AwaitMode, Changes
+from luftpause.runtime.waiting import AwaitMode, Changes, waited_enough
 
 log = logging.getLogger(__name__)
 
@@ -300,9 +300,14 @@ class Runs:
         timeout_s: float,
         stop_on_approval: Callable[[Run, Approval], bool] | None = None,
     ) -> tuple[list[Run], bool]:
-        """Waits on the runs with these handles (waiting.py); returns them and timedOut."""
+        """Waits until all (or any) of the runs have ended, or the timeout; returns them and timedOut.
+
+        With `stop_on_approval`, also returns (not timed out) as soon as one of the runs has a
+        pending approval for which it answers True, so the caller can ask the user.
+        """
         runs = [self.get(h) for h in dict.fromkeys(handles)]
-        return await self.changes.wait(runs, mode, timeout_s, stop_on_approval)
+        timed_out = await self.changes.until(lambda: waited_enough(runs, mode, stop_on_approval), timeout_s)
+        return runs, timed_out
 
     # -- stopping ---------------------------------------------------------------------------------
 

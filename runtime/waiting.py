@@ -26,9 +26,21 @@ def clamped(timeout_s: float) -> float:
 
 
 def ended(runs: list[Run], mode: AwaitMode) -> bool:
-    """Whether the wait is over: every run has ended (all), or one has (any)."""
+    """Whether the runs are done: every one has ended (all), or one has (any)."""
     over = [not r.running for r in runs]
     return any(over) if mode == "any" else all(over)
+
+
+def waited_enough(
+    runs: list[Run], mode: AwaitMode, stop_on_approval: Callable[[Run, Approval], bool] | None
+) -> bool:
+    """Whether a wait on the runs is over: they are done, or (with `stop_on_approval`) one of them
+    has a pending approval for which it answers True, so that the caller can ask the user."""
+    if ended(runs, mode):
+        return True
+    if stop_on_approval is not None:
+        return any(stop_on_approval(r, a) for r in runs for a in list(r.approvals.values()))
+    return False
 
 
 class Changes:
@@ -47,35 +59,18 @@ class Changes:
 
         self._in_background(notify())
 
-    async def wait(
-        self,
-        runs: list[Run],
-        mode: AwaitMode,
-        timeout_s: float,
-        stop_on_approval: Callable[[Run, Approval], bool] | None = None,
-    ) -> tuple[list[Run], bool]:
-        """Waits until all (or any) of the runs have ended, or the timeout; returns them and timedOut.
-
-        With `stop_on_approval`, also returns (not timed out) as soon as one of the runs has a
-        pending approval for which it answers True, so the caller can ask the user.
-        """
-
-        def satisfied() -> bool:
-            if ended(runs, mode):
-                return True
-            if stop_on_approval is not None:
-                return any(stop_on_approval(r, a) for r in runs for a in list(r.approvals.values()))
-            return False
-
+    async def until(self, satisfied: Callable[[], bool], timeout_s: float) -> bool:
+        """Waits until `satisfied()` holds, checked at every pulse, or the (clamped) timeout;
+        True when it timed out."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + clamped(timeout_s)
         async with self._condition:
             while not satisfied():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return runs, True
+                    return True
                 try:
                     await asyncio.wait_for(self._condition.wait(), remaining)
                 except TimeoutError:
-                    return runs, not satisfied()
-        return runs, False
+                    return not satisfied()
+        return False
