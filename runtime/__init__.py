@@ -1,7 +1,11 @@
 """The MCP runtime: sub-agents spawned over MCP whose loops run their turns through the dataplane.
 
-Modules: server (the MCP server, its tools and GET /status), runs (runs and the run tree),
-agent (the sub-agent loop), journal (runs.jsonl), tasks (MCP Tasks and tasks.jsonl), budgets,
-approvals, tool_servers (upstream MCP servers over HTTP or stdio), tool_calls (tool-call
-hygiene), llm (the dataplane client), auth (the bearer token and CORS).
+Modules: server (the MCP server and GET /status), mcp_tools (its tools), parts (the runtime's
+parts wired together), elicitation (asking the harness user about approvals), spec (spawn's
+arguments and the journaled spec), run (one run and the run tree), runs (the registry of runs),
+views (a run as the tools and /status show it), waiting (await), restore (runs across restarts
+and the archive), budgets, approvals, agent (the sub-agent loop), journal (runs.jsonl), tasks
+(MCP Tasks and tasks.jsonl), tool_servers (upstream MCP servers over HTTP or stdio), tool_calls
+(tool-call hygiene), llm (the dataplane client), callers (who asks), auth (the bearer token and
+CORS).
 """

@@ -22,9 +22,10 @@ import re
 import time
 from typing import Any
 
-from luftpause.runtime.approvals import DECLINED_TEXT, needs_approval
+from luftpause.runtime.approvals import DECLINED_TEXT, ask_approval, needs_approval
 from luftpause.runtime.llm import Dataplane, TurnFailed
-from luftpause.runtime.runs import Run, Runs
+from luftpause.runtime.run import Run
+from luftpause.runtime.runs import Runs
 from luftpause.runtime.tool_calls import (
     ArgumentError,
     ToolCall,
@@ -198,7 +199,7 @@ class Agent:
                 allowed = True
                 if needs_approval(tool.name, tool.annotations, run.spec.approveTools):
                     try:
-                        allowed = await runs.ask_approval(run, call.id, tool.name, arguments)
+                        allowed = await ask_approval(runs, run, call.id, tool.name, arguments)
                     except asyncio.CancelledError:
                         if not run.running:
                             return None  # ended while waiting (cancelled, over budget)

@@ -3,19 +3,26 @@
 A call waits when its server marks the tool `destructiveHint: true` (and not `readOnlyHint:
 true`), or when spawn's `approveTools` names it. The run shows AwaitingApproval with the call's
 tool and arguments until someone decides: the harness user through an elicitation (asked while
-an await or run covers the run, see server.py), a Tasks client through `tasks/update`, or any
+an await or run covers the run, see elicitation.py), a Tasks client through `tasks/update`, or any
 client through the approve tool. A declined call is answered to the sub-agent with
-`DECLINED_TEXT`. Decisions are journaled by tool_call id (runs.py), so a decision made just
-before a restart is not asked again; an unanswered one is.
+`DECLINED_TEXT`. Decisions are journaled by tool_call id, so a decision made just before a
+restart is not asked again; an unanswered one is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from luftpause.runtime.run import Run
+    from luftpause.runtime.runs import Runs
+
+log = logging.getLogger(__name__)
 
 DECLINED_TEXT = "Error: the user declined this tool call"
 
@@ -63,3 +70,35 @@ def answer_of(action: str, content: dict[str, Any] | None) -> bool | None:
     if action == "decline":
         return False
     return None
+
+
+async def ask_approval(runs: Runs, run: Run, call_id: str, tool: str, arguments: dict[str, Any]) -> bool:
+    """Waits for the user's decision on one tool call (journaled once made); True to allow."""
+    if call_id in run.decisions:
+        return run.decisions[call_id]
+    approval = Approval(call_id=call_id, tool=tool, arguments=arguments)
+    run.approvals[call_id] = approval
+    log.info("run %s: tool call %s (%s) waits for approval", run.handle, call_id, tool)
+    runs.changes.pulse()
+    try:
+        allow = await approval.decision
+        await runs.journal.durable()  # the call runs (or is declined) once the decision is on disk
+        return allow
+    finally:
+        run.approvals.pop(call_id, None)
+        runs.changes.pulse()
+
+
+def decide_approval(runs: Runs, run: Run, allow: bool, call_id: str | None = None) -> Approval | None:
+    """Answers the run's oldest pending approval (or the one for `call_id`); None if none waits."""
+    approval = run.approvals.get(call_id) if call_id is not None else run.pending_approval
+    if approval is None or approval.decision.done():
+        return None
+    runs.journal.approval(run.handle, approval.call_id, approval.tool, allow)
+    run.decisions[approval.call_id] = allow
+    # Off the pending list at once, so that nobody asks again before the run goes on.
+    run.approvals.pop(approval.call_id, None)
+    approval.decision.set_result(allow)
+    runs.changes.pulse()
+    log.info("run %s: tool call %s %s", run.handle, approval.call_id, "allowed" if allow else "declined")
+    return approval

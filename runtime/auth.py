@@ -76,7 +76,9 @@ class BearerAuth:
         error: dict[str, object] = {"message": f"{message}: send Authorization: Bearer <{TOKEN_ENV}>"}
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
         if path == "/status" or path.startswith("/status/"):
-            headers.extend((k.encode(), v.encode("latin-1")) for k, v in cors_headers(origin_of(scope)).items())
+            headers.extend(
+                (k.encode(), v.encode("latin-1")) for k, v in cors_headers(origin_of(scope)).items()
+            )
             body = json.dumps({"error": error})
         else:
             # A JSON-RPC error, which MCP clients raise as this message instead of a bare 401.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
-    from luftpause.runtime.runs import Run
+    from luftpause.runtime.run import Run
 
 BUDGET_KINDS = ("tokens", "toolCalls", "seconds")
 
@@ -57,3 +57,48 @@ def exceeded_message(limits: dict[str, float], used: dict[str, float], calling_t
     if "seconds" in limits and used["seconds"] >= limits["seconds"]:
         return f"budget exceeded: seconds {_number(used['seconds'])}/{_number(limits['seconds'])}"
     return None
+
+
+def budget_view(run: Run) -> BudgetView | None:
+    """The run's budget as await and status show it; None without one."""
+    limits = run.spec.limits()
+    if not limits:
+        return None
+    used = subtree_used(run)
+    return BudgetView(
+        limits=limits,
+        used={k: used[k] for k in BUDGET_KINDS if k in limits},
+        exceeded=run.budget_exceeded,
+    )
+
+
+def spent_budget(run: Run, calling_tool: bool = False) -> tuple[Run, str] | None:
+    """The first budget above (or on) `run` that is spent, as its owner and its `budget exceeded:
+    ...` message; None while every one has room.
+
+    With `calling_tool`, one more tool call is about to start: a tool-call budget that is
+    already used up counts as spent, so a subtree never makes more calls than its limit.
+    """
+    for owner in run.ancestors():
+        limits = owner.spec.limits()
+        if not limits:
+            continue
+        message = exceeded_message(limits, subtree_used(owner), calling_tool)
+        if message is not None:
+            return owner, message
+    return None
+
+
+def tripped_above(run: Run) -> Run | None:
+    """The run, or the nearest run above it, whose budget has tripped; None if none has."""
+    return next((a for a in run.ancestors() if a.budget_exceeded), None)
+
+
+def restore_tripped(run: Run) -> None:
+    """Marks a restored run whose end was its own budget tripping: the tripped budget shows on its
+    owner, the run whose limit the `budget exceeded: <which> ...` error names."""
+    limits = run.spec.limits()
+    if run.error and run.error.startswith("budget exceeded") and limits:
+        kind = run.error.removeprefix("budget exceeded: ").split(" ")[0]
+        if kind in limits:
+            run.budget_exceeded = run.error

@@ -24,7 +24,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
-from luftpause.runtime.runs import UnknownRun
+from luftpause.runtime.run import UnknownRun
 
 CALLER_HEADER = "x-luftpause-caller"
 ANONYMOUS = "anonymous"

@@ -216,11 +216,11 @@ class Journal:
         leaving |= {h for h in archived if h in runs and runs[h].finished is not None}
         kept: list[dict[str, Any]] = []
         for handle, own in by_run.items():
-            run = runs.get(handle)
+            replayed = runs.get(handle)
             if handle in leaving:
                 continue
             # A run replay could not read stays as it was: it is the evidence of what went wrong.
-            kept.extend(own if run is None or run.finished is None else [own[0], run.finished])
+            kept.extend(own if replayed is None or replayed.finished is None else [own[0], replayed.finished])
         if not leaving and len(kept) == len(records):
             return 0
         fresh = [_archived_record(runs[h]) for h in runs if h in leaving and h not in archived]
@@ -229,7 +229,9 @@ class Journal:
         self.writer.close_file(self.path)
         _replace_durably(self.path, kept)
         self.writer.open(self.path)
-        log.info("journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh))
+        log.info(
+            "journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh)
+        )
         return len(fresh)
 
     def archive(self, runs: list[ReplayedRun]) -> None:
@@ -245,7 +247,9 @@ class Journal:
 
 
 def archived_handles(path: Path) -> set[str]:
-    return {r["run"] for r in read_records(path) if r.get("type") == "archived" and isinstance(r.get("run"), str)}
+    return {
+        r["run"] for r in read_records(path) if r.get("type") == "archived" and isinstance(r.get("run"), str)
+    }
 
 
 def _old_trees(
@@ -339,11 +343,6 @@ def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
                 continue
             records.append(record)
     return records
-
-
-def replay_file(path: Path) -> list[ReplayedRun]:
-    """Folds the records of `path` into one `ReplayedRun` per spawned run, warning of each it skips."""
-    return _replay(read_records(path), path, warn=True)
 
 
 def _replay(records: list[dict[str, Any]], path: Path, warn: bool) -> list[ReplayedRun]:

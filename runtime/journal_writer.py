@@ -70,12 +70,12 @@ class JsonlWriter:
         """Makes `path` writable through `append`, ending a torn last line first."""
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size:
-            with path.open("rb+") as f:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+            with path.open("rb+") as torn:
+                torn.seek(-1, os.SEEK_END)
+                if torn.read(1) != b"\n":
+                    torn.write(b"\n")
+                    torn.flush()
+                    os.fsync(torn.fileno())
         f = path.open("ab", buffering=0)
         with self._cond:
             self._files[path] = f

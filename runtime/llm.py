@@ -68,7 +68,9 @@ class Dataplane:
             try:
                 response = await self._http.post(url, json=body, headers=headers)
             except httpx.ConnectTimeout as e:
-                await retries.after(f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}")
+                await retries.after(
+                    f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}"
+                )
                 continue
             except httpx.TimeoutException:
                 raise TurnFailed(
@@ -81,7 +83,9 @@ class Dataplane:
             except httpx.HTTPError as e:
                 raise TurnFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
             if response.status_code in TRANSIENT_STATUSES:
-                await retries.after(f"the dataplane answered {response.status_code}: {error_message(response)}")
+                await retries.after(
+                    f"the dataplane answered {response.status_code}: {error_message(response)}"
+                )
                 continue
             if response.status_code == 429:
                 delay = retry_after_s(response.headers.get("retry-after"))
@@ -175,7 +179,8 @@ def decision_of(answer: dict[str, Any]) -> dict[str, Any]:
     the label, each label's probability, and the labels that could not be scored."""
     data = answer.get("data")
     item = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-    probs = item.get("probs") if isinstance(item.get("probs"), list) else []
+    given = item.get("probs")
+    probs: list[Any] = given if isinstance(given, list) else []
     labels = item.get("labels")
     probabilities: dict[str, float] | list[float]
     if isinstance(labels, list) and len(labels) == len(probs):

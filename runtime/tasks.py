@@ -40,14 +40,17 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, RequestParams, TextContent
 from pydantic import ConfigDict, ValidationError
 
-from luftpause.runtime.approvals import ApprovalForm, answer_of
+from luftpause.runtime.approvals import ApprovalForm, answer_of, decide_approval
 from luftpause.runtime.arguments import readable_arguments_error
 from luftpause.runtime.journal import read_records
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
-from luftpause.runtime.runs import Run, Runs, SpawnRefused, UnknownRun
+from luftpause.runtime.run import Run, UnknownRun
+from luftpause.runtime.runs import REFUSALS, Runs
+from luftpause.runtime.spec import SpawnArguments
+from luftpause.runtime.views import view
 
 if TYPE_CHECKING:
-    from luftpause.runtime.server import Runtime
+    from luftpause.runtime.parts import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +66,15 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
-def approval_key(call_id: str) -> str:
-    """The inputRequests key of one approval; unique over the task's life, as the spec asks."""
+def task_approval_key(call_id: str) -> str:
+    """The inputRequests key of one approval in a task (of one run); unique over the task's life,
+    as the spec asks. An await's input-required result names the run too (elicitation.py)."""
     return f"approve:{call_id}"
+
+
+def task_approval_call(key: str) -> str | None:
+    """The tool_call id a `task_approval_key` names; None for any other key."""
+    return key.removeprefix("approve:") if key.startswith("approve:") else None
 
 
 def elicitation_request(run: Run, call_id: str) -> dict[str, Any] | None:
@@ -208,7 +217,7 @@ class Tasks:
                 "result": run_result(run).model_dump(by_alias=True, mode="json", exclude_none=True),
             }
         if run.approvals:
-            requests = {approval_key(c): elicitation_request(run, c) for c in list(run.approvals)}
+            requests = {task_approval_key(c): elicitation_request(run, c) for c in list(run.approvals)}
             return {
                 **body,
                 "status": "input_required",
@@ -221,11 +230,12 @@ class Tasks:
         """Applies approval answers from tasks/update; unknown or answered keys are ignored."""
         run = self.runs.get(task.handle)
         for key, response in responses.items():
-            if not key.startswith("approve:") or not isinstance(response, dict):
+            call_id = task_approval_call(key)
+            if call_id is None or not isinstance(response, dict):
                 continue
             decision = answer_of(str(response.get("action")), response.get("content"))
             if decision is not None:
-                self.runs.decide_approval(run, decision, key.removeprefix("approve:"))
+                decide_approval(self.runs, run, decision, call_id)
         task.updated_at = time.time()
 
     async def cancel(self, task: Task) -> None:
@@ -245,12 +255,17 @@ class Tasks:
 
 def run_result(run: Run) -> CallToolResult:
     """A finished run as the run tool's result."""
-    view = run.view().model_dump(mode="json")
+    shown = view(run).model_dump(mode="json")
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(view))],
-        structured_content=view,
+        content=[TextContent(type="text", text=json.dumps(shown))],
+        structured_content=shown,
         is_error=run.status != "finished",
     )
+
+
+def refused(message: str) -> CallToolResult:
+    """A run call refused before its task exists, as an error result saying why."""
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
 def declared_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -259,7 +274,7 @@ def declared_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
         return False
     capabilities = ctx.session.client_capabilities
     declared = capabilities.extensions if capabilities is not None else None
-    return bool(declared) and IDENTIFIER in declared
+    return declared is not None and IDENTIFIER in declared
 
 
 class TasksExtension(Extension):
@@ -287,19 +302,17 @@ class TasksExtension(Extension):
         if params.name != "run" or not declared_tasks(ctx):
             return await call_next(ctx)
         try:
-            spec = self.runtime.spec_from(dict(params.arguments or {}))
-            handle = await self.runtime.spawn(spec, self.runtime.who(ctx))
+            arguments = SpawnArguments.of_call(dict(params.arguments or {}))
+            run = await self.runtime.spawn(arguments, self.runtime.who(ctx))
         except ValidationError as e:
-            return CallToolResult(
-                content=[TextContent(type="text", text=readable_arguments_error("run", e))], is_error=True
-            )
-        except (SpawnRefused, UnknownRun, ToolError, ValueError, JournalError) as e:
-            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
+            return refused(readable_arguments_error("run", e))
+        except (*REFUSALS, ToolError, ValueError) as e:
+            return refused(str(e))
         try:
-            task = self.tasks.create(self.runtime.runs.get(handle))
+            task = self.tasks.create(run)
             await self.tasks.writer.durable()
         except JournalError as e:
-            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
+            return refused(str(e))
         body = {
             k: v
             for k, v in self.tasks.detailed(task).items()

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mcp_types
 from mcp import Client
@@ -130,7 +130,12 @@ class ToolServer:
     async def call(self, name: str, arguments: dict[str, Any], idempotency_key: str = "") -> ToolResult:
         """Calls one tool; a transport failure becomes an error result and drops the connection.
         A non-empty `idempotency_key` goes in the request's `_meta` (IDEMPOTENCY_META_KEY)."""
-        meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key else None
+        # RequestParamsMeta is an open map (PEP 728's extra_items), which mypy does not read yet.
+        meta = (
+            cast(mcp_types.RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+            if idempotency_key
+            else None
+        )
         try:
             async with self._lock:
                 client = await self._connected()
@@ -248,7 +253,9 @@ class ToolServers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*pending), timeout_s)
 
-    async def call(self, tool: UpstreamTool, arguments: dict[str, Any], idempotency_key: str = "") -> ToolResult:
+    async def call(
+        self, tool: UpstreamTool, arguments: dict[str, Any], idempotency_key: str = ""
+    ) -> ToolResult:
         server = next(s for s in self.servers if s.name == tool.server)
         return await server.call(tool.name, arguments, idempotency_key)
 

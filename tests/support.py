@@ -2,12 +2,16 @@
 
 Every service a test talks to is started here as `python -m luftpause <service> ...` on loopback
 ports picked at random, and stopped (SIGTERM, then SIGKILL) when the test is done. Readiness is
-waited for by polling a URL or a TCP port until it answers, never by sleeping a fixed time.
+waited for by polling a URL or a TCP port until it answers, never by sleeping a fixed time; every
+test that waits for a condition polls it with `wait_until` (blocking) or `until` (in the event
+loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import re
 import signal
@@ -15,9 +19,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,18 +36,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(
-    predicate, timeout_s: float = START_TIMEOUT_S, interval_s: float = 0.05, what: str = "condition"
-):
-    """Polls `predicate` until it returns a truthy value, which is returned; fails after `timeout_s`."""
+def _polls(timeout_s: float, interval_s: float, what: str) -> Iterator[float]:
+    """The pauses between the polls of one wait for a condition: each one, until `timeout_s` has
+    passed, then TimeoutError saying `what` was waited for."""
     deadline = time.monotonic() + timeout_s
     while True:
+        yield interval_s
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout_s: float = START_TIMEOUT_S,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> Any:
+    """Polls `predicate` until it returns a truthy value, which is returned; fails after `timeout_s`."""
+    for pause in _polls(timeout_s, interval_s, what):
+        if value := predicate():
+            return value
+        time.sleep(pause)
+
+
+async def until(
+    predicate: Callable[[], Any],
+    timeout_s: float = 10.0,
+    what: str = "condition",
+    interval_s: float = 0.01,
+) -> Any:
+    """`wait_until` in the event loop, which runs on between polls: `predicate` may return an
+    awaitable (an async function), whose result is the condition."""
+    for pause in _polls(timeout_s, interval_s, what):
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+        await asyncio.sleep(pause)
 
 
 def http_ok(url: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ import uvicorn
 
 # The whole stack as real processes, for the tests that need every piece real.
 from real_stack import real_stack  # noqa: F401
-from support import free_port
+from support import free_port, until
 
 from luftpause import config as lp_config
 from luftpause.dataplane.app import create_app
@@ -34,18 +33,6 @@ from luftpause.proto import pb, rpc
 from luftpause.scheduler.run_identity import RunIdentity
 
 MODEL = "fake-llama"
-
-
-async def until(predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition") -> Any:
-    """Polls `predicate` in the event loop until it is truthy; fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class FakeScheduler(rpc.SchedulerServicer):

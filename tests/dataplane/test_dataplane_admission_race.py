@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc.aio
-from conftest import until
-from support import Ports, write_config
+from support import Ports, until, write_config
 
 from luftpause import config as lp_config
 from luftpause.dataplane.runs import PlacedTurn, RunBook

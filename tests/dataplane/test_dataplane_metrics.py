@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import httpx
-from conftest import MODEL, Stack, answers_json, chunk, completion, streams, until
+from conftest import MODEL, Stack, answers_json, chunk, completion, streams
 from prometheus_client.parser import text_string_to_metric_families
+from support import until
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 HISTOGRAMS = ("luftpause_dataplane_admission_seconds", "luftpause_dataplane_engine_first_token_seconds")

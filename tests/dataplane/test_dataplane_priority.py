@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from conftest import MODEL, Stack, answers_json, completion, open_stack, until
+from conftest import MODEL, Stack, answers_json, completion, open_stack
+from support import until
 
 from luftpause.dataplane.priority import with_priority
 from luftpause.fake_engine.params import EngineParams

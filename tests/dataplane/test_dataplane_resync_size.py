@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import grpc.aio
-from conftest import until
-from support import Ports, write_config
+from support import Ports, until, write_config
 
 from luftpause import config as lp_config
 from luftpause.dataplane.runs import PlacedTurn, RunBook, split_resync

@@ -7,8 +7,8 @@ import asyncio
 import json
 
 import httpx
-from conftest import MODEL, Stack, answers_json, chunk, completion, streams, until
-from support import free_port
+from conftest import MODEL, Stack, answers_json, chunk, completion, streams
+from support import free_port, until
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 

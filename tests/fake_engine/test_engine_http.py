@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import until
 
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.server import create_app
@@ -179,14 +180,13 @@ async def test_with_one_slot_a_second_request_waits_in_the_engine_queue() -> Non
     app = create_app(name="fake-q", model="fake-llama", slots=1, params=slow)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as c:
         requests = [asyncio.create_task(c.post("/v1/chat/completions", json=body(f"q{i}"))) for i in range(2)]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while True:
+
+        async def one_running_one_waiting() -> dict[str, float] | None:
             values = await metrics(c)
-            if (values["sglang:num_running_reqs"], values["sglang:num_queue_reqs"]) == (1, 1):
-                break
-            assert loop.time() < deadline, f"never saw one running and one waiting: {values}"
-            await asyncio.sleep(0.01)
+            running_waiting = (values["sglang:num_running_reqs"], values["sglang:num_queue_reqs"])
+            return values if running_waiting == (1, 1) else None
+
+        values = await until(one_running_one_waiting, what="one request running and one waiting")
         assert values["sglang:token_usage"] > 0
         assert (await c.get("/get_load")).json()[0]["num_tokens"] > 0
         replies = await asyncio.gather(*requests)

@@ -14,7 +14,8 @@ from luftpause.runtime import llm
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.journal import Journal, read_records
 from luftpause.runtime.llm import Dataplane, retry_after_s
-from luftpause.runtime.runs import Runs, RunSpec
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import RunSpec
 from luftpause.runtime.tool_servers import ToolResult, UpstreamTool
 
 LOOKUP = UpstreamTool(
@@ -259,8 +260,16 @@ async def test_each_tool_call_carries_an_idempotency_key_of_run_round_and_place(
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "a"}'}},
-                {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "b"}'}},
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"query": "a"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"query": "b"}'},
+                },
             ],
         }
     )

@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, RequestParams, Result
 from mcp_types._types import Request
 from pydantic import TypeAdapter
-from support import Service, free_port, wait_until
+from support import Service, free_port, until, wait_until
 from test_runtime_e2e import Backends, call, error_of, task_planning
 from test_runtime_e2e import backends as backends  # noqa: F401 (the module's fixture, shared)
 
@@ -261,16 +261,16 @@ class TasksClient(ClientExtension):
 ANY = TypeAdapter(dict[str, Any])
 
 
-async def poll(client: Client, task_id: str, until: set[str]) -> dict[str, Any]:
-    """tasks/get until the task's status is one of `until`."""
-    import anyio
+async def poll(client: Client, task_id: str, statuses: set[str]) -> dict[str, Any]:
+    """tasks/get until the task's status is one of `statuses`."""
 
-    with anyio.fail_after(60):
-        while True:
-            task = await client.session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), ANY)
-            if task["status"] in until:
-                return task
-            await anyio.sleep(0.1)
+    async def reached() -> dict[str, Any] | None:
+        task = await client.session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), ANY)
+        return task if task["status"] in statuses else None
+
+    return await until(
+        reached, timeout_s=60, what=f"the task to be {' or '.join(sorted(statuses))}", interval_s=0.1
+    )
 
 
 @pytest.mark.parametrize("allow", [True, False])

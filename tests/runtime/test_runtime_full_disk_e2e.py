@@ -18,17 +18,15 @@ its journal and finishes, as the README says.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import httpx
 from mcp import Client
-from support import runtime_beside_fakes, wait_until
+from support import runtime_beside_fakes, until, wait_until
 
 from luftpause.fake_engine.replies import planned_tool_calls
 
@@ -50,16 +48,6 @@ def journal(state: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-async def until(predicate, timeout_s: float, what: str):
-    """Awaits `predicate()` until it returns something truthy, which is returned."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := await predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.05)
-    return value
 
 
 async def views(client: Client) -> dict[str, dict]:
@@ -122,7 +110,9 @@ async def test_a_full_disk_fails_runs_clearly_and_a_restart_agrees_with_what_was
                 return view if view["status"] != "running" else None
 
             # Its call in flight takes a second; the record of its answer is its next write.
-            ended = await until(cut_ended, timeout_s=30, what="the run the disk stopped to end")
+            ended = await until(
+                cut_ended, timeout_s=30, what="the run the disk stopped to end", interval_s=0.05
+            )
             assert ended["status"] == "failed"
             assert ended["error"].startswith("journal: ") and NO_SPACE in ended["error"], ended["error"]
 

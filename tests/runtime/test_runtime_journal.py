@@ -139,7 +139,15 @@ def test_replay_survives_any_single_damaged_record(tmp_path, damaged, where):
         {"v": 1, "type": "spawned", "run": "a", "at": 1.0, "spec": {"task": "ta"}, "caller": None},
         {"v": 1, "type": "spawned", "run": "b", "at": 2.0, "spec": {"task": "tb"}, "caller": "c"},
         {"v": 1, "type": "round", "run": "a", "at": 3.0, "messages": [{"role": "assistant"}], "toolCalls": 1},
-        {"v": 1, "type": "finished", "run": "b", "at": 4.0, "status": "finished", "result": "r", "toolCalls": 0},
+        {
+            "v": 1,
+            "type": "finished",
+            "run": "b",
+            "at": 4.0,
+            "status": "finished",
+            "result": "r",
+            "toolCalls": 0,
+        },
     ]
     lines = [json.dumps(r) for r in good]
     lines.insert(min(where, len(lines)), json.dumps(damaged))

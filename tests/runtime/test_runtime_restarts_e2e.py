@@ -44,7 +44,9 @@ async def test_every_sub_agent_finishes_across_a_kill_9_and_restart(tmp_path, vi
             os.kill(pid, signal.SIGKILL)
             finished = {r["run"] for r in journal(tmp_path) if r["type"] == "finished"}
             assert set(handles) - finished, "every run finished before the kill: nothing rode it out"
-            wait_until(lambda: f"restarted {victim}" in log.read_text(), timeout_s=30, what="up to restart it")
+            wait_until(
+                lambda: f"restarted {victim}" in log.read_text(), timeout_s=30, what="up to restart it"
+            )
             awaited = await call(client, "await", handles=handles, timeout=150)
     finally:
         assert stop_up(up) == 0

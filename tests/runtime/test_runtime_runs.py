@@ -8,11 +8,15 @@ import errno
 import logging
 
 import pytest
+from support import until
 
 from luftpause.runtime import journal_writer
 from luftpause.runtime.journal import Journal, read_records
 from luftpause.runtime.journal_writer import JournalError
-from luftpause.runtime.runs import Run, Runs, RunSpec, UnknownRun
+from luftpause.runtime.restore import evict, restore
+from luftpause.runtime.run import Run, UnknownRun
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import RunSpec
 
 
 class Script:
@@ -36,13 +40,6 @@ class Script:
         self.release.setdefault(handle, asyncio.Event()).set()
 
 
-async def until(predicate, timeout_s: float = 5.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def spec(task: str = "t", **kw) -> RunSpec:
     return RunSpec(task=task, model="m", **kw)
 
@@ -63,7 +60,11 @@ async def test_await_all_returns_when_every_run_has_ended(runs, script):
     a, b = runs.spawn(spec("a"), None), runs.spawn(spec("b"), None)
     waiter = asyncio.create_task(runs.wait([a.handle, b.handle], "all", 10))
     script.finish(a.handle)
-    await asyncio.sleep(0)
+    (first,), _ = await runs.wait([a.handle], "all", 5)
+    assert first.status == "finished"
+    # One of the two has ended: an await of all of them still waits, until its timeout.
+    result, timed_out = await runs.wait([a.handle, b.handle], "all", 0.2)
+    assert timed_out and [r.status for r in result] == ["finished", "running"]
     assert not waiter.done()
     script.finish(b.handle)
     result, timed_out = await asyncio.wait_for(waiter, 5)
@@ -130,7 +131,7 @@ async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_
 
     second = Script()
     after = Runs(Journal(tmp_path), second.drive, second.on_end)
-    after.restore()
+    restore(after)
     restored_done = after.get(done.handle)
     assert (restored_done.status, restored_done.result) == ("finished", "answer to done")
     result, timed_out = await after.wait([done.handle], "all", 0)
@@ -155,7 +156,7 @@ async def test_a_run_the_journal_names_its_own_parent_is_restored_alone_and_can_
     journal.close()
     script = Script()
     after = Runs(Journal(tmp_path), script.drive, script.on_end)
-    after.restore()
+    restore(after)
     run = after.get("loop")
     assert run.parent is None and list(run.subtree()) == [run] and list(run.ancestors()) == [run]
     await asyncio.wait_for(after.cancel("loop"), 5)
@@ -186,7 +187,10 @@ async def test_a_run_whose_step_cannot_be_journaled_fails_saying_so(tmp_path, mo
     stepped.set()
     (result,), timed_out = await registry.wait([run.handle], "all", 5)
     assert not timed_out and result.status == "failed"
-    assert result.error.startswith("journal: cannot write the journal") and "No space left on device" in result.error
+    assert (
+        result.error.startswith("journal: cannot write the journal")
+        and "No space left on device" in result.error
+    )
     await registry.shutdown()
 
 
@@ -222,7 +226,7 @@ async def test_old_finished_trees_move_to_the_archive_and_still_answer(tmp_path)
     # While it runs: a tree all finished longer ago than the window leaves memory, and answers.
     later = old.finished_at + 100
     recent.finished_at = later - 10  # as if it had ended well after the others
-    assert await before.evict(retention_s=50, now=later) == 2
+    assert await evict(before, retention_s=50, now=later) == 2
     assert {r.handle for r in before} == {recent.handle, open_run.handle}
     (answer,), _ = await before.wait([old.handle], "all", 0)
     assert (answer.status, answer.result) == ("finished", "answer to old")
@@ -233,7 +237,7 @@ async def test_old_finished_trees_move_to_the_archive_and_still_answer(tmp_path)
     lines_before = len(read_records(tmp_path / "runs.jsonl"))
     second = Script()
     after = Runs(Journal(tmp_path), second.drive, second.on_end)
-    after.restore(retention_s=1e9)  # nothing newly old: only the rounds of finished runs go
+    restore(after, retention_s=1e9)  # nothing newly old: only the rounds of finished runs go
     records = read_records(tmp_path / "runs.jsonl")
     assert len(records) < lines_before
     assert [r["type"] for r in records if r["run"] == recent.handle] == ["spawned", "finished"]
@@ -256,7 +260,7 @@ async def test_a_compaction_at_start_archives_old_trees_once(tmp_path):
     before.journal.close()
     for _ in range(2):  # a second start finds nothing more to do
         after = Runs(Journal(tmp_path), Script().drive, Script().on_end)
-        after.restore(retention_s=0)
+        restore(after, retention_s=0)
         assert list(after) == [] and after.get(done.handle).status == "finished"
         await after.shutdown()
         after.journal.close()
@@ -274,7 +278,7 @@ async def test_a_start_warns_once_of_each_journal_record_it_skips(tmp_path, capl
         f.write('{"v":1,"type":"spawned","run":"c","spec":{"ta')  # torn by a crash
     with caplog.at_level(logging.WARNING):
         after = Runs(Journal(tmp_path), Script().drive, Script().on_end)
-        after.restore(retention_s=1e9)
+        restore(after, retention_s=1e9)
     malformed = [m for m in caplog.messages if "malformed" in m]
     torn = [m for m in caplog.messages if "not a complete JSON record" in m]
     assert len(malformed) == 1 and "'b'" in malformed[0], caplog.messages

@@ -8,12 +8,17 @@ import json
 
 import httpx
 import pytest
+from support import until
 
 from luftpause.runtime.agent import Agent
+from luftpause.runtime.approvals import decide_approval
 from luftpause.runtime.journal import Journal, read_records
 from luftpause.runtime.llm import Dataplane, decision_of
-from luftpause.runtime.runs import Runs, RunSpec, SpawnRefused
+from luftpause.runtime.restore import restore
+from luftpause.runtime.runs import Runs, SpawnRefused
+from luftpause.runtime.spec import RunSpec
 from luftpause.runtime.tool_servers import ToolResult, UpstreamTool
+from luftpause.runtime.views import subtree_totals, view
 
 LOOKUP = UpstreamTool(
     server="fake",
@@ -135,7 +140,7 @@ class Stack:
     async def restart(self) -> None:
         await self.close()
         self.open()
-        self.runs.restore()
+        restore(self.runs)
 
     def spawn(self, task: str = "t", **kw):
         return self.runs.spawn(RunSpec(task=task, model="m", **kw), "caller-1")
@@ -145,13 +150,6 @@ def always_calls(run_id, body):
     if "tools" not in body:
         return answer()
     return calls_reply(("lookup", {"query": f"q{next(_ids)}"}))
-
-
-async def until(predicate, timeout_s: float = 10.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -174,10 +172,10 @@ async def test_a_tool_call_budget_caps_the_whole_subtree_and_cancels_it(stack):
     assert len(stack.tools.calls) == 5
     assert sum(c.counters["toolCalls"] for c in parent.subtree()) == 5
     assert {c.status for c in children} == {"cancelled"} and {c.error for c in children} == {message}
-    view = parent.view()
-    assert view.budget.limits == {"toolCalls": 5} and view.budget.used["toolCalls"] == 5
-    assert view.budget.exceeded == message and view.children == [c.handle for c in children]
-    totals = parent.subtree_totals()
+    shown = view(parent)
+    assert shown.budget.limits == {"toolCalls": 5} and shown.budget.used["toolCalls"] == 5
+    assert shown.budget.exceeded == message and shown.children == [c.handle for c in children]
+    totals = subtree_totals(parent)
     for key in ("turns", "toolCalls", "promptTokens", "completionTokens"):
         assert totals[key] == sum(r.counters[key] for r in parent.subtree())
     await until(lambda: set(stack.engine.deleted) >= {r.handle for r in parent.subtree()})
@@ -261,7 +259,7 @@ async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path)
     s.tools.calls.clear()
     s.tools.hang = []
     s.open()
-    s.runs.restore()
+    restore(s.runs)
     resumed = s.runs.get(run.handle)
     await asyncio.wait_for(resumed.done.wait(), 10)
     await s.close()
@@ -279,11 +277,11 @@ async def test_a_decision_journaled_before_a_restart_is_not_asked_again(tmp_path
     s = Stack(tmp_path, lambda run_id, body: next(replies))
     run = s.spawn("wipe it")
     await until(lambda: run.pending_approval is not None)
-    assert run.view().status == "AwaitingApproval"
-    assert run.view().pendingApproval.model_dump() == {"tool": "wipe", "arguments": {"disk": "d1"}}
+    assert view(run).status == "AwaitingApproval"
+    assert view(run).pendingApproval.model_dump() == {"tool": "wipe", "arguments": {"disk": "d1"}}
     # Decide, and stop before the loop can act on it: the decision is all that is journaled.
     s.tools.gate = asyncio.Event()
-    s.runs.decide_approval(run, True)
+    decide_approval(s.runs, run, True)
     await s.restart()
     resumed = s.runs.get(run.handle)
     await until(lambda: len(s.tools.calls) == 1 or resumed.pending_approval is not None)
@@ -302,7 +300,7 @@ async def test_an_unanswered_approval_is_asked_again_after_a_restart(tmp_path):
     await s.restart()
     resumed = s.runs.get(run.handle)
     await until(lambda: resumed.pending_approval is not None)
-    s.runs.decide_approval(resumed, False)
+    decide_approval(s.runs, resumed, False)
     await asyncio.wait_for(resumed.done.wait(), 10)
     await s.close()
     assert s.tools.calls == [] and resumed.counters["failedToolCalls"] == 1

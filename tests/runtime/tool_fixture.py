@@ -31,7 +31,12 @@ def create_server(log_path: str, delay_s: float) -> MCPServer:
 
     def record(tool: str, arguments: dict, ctx: Context | None = None) -> None:
         meta = (ctx.request_context.meta or {}) if ctx is not None else {}
-        entry = {"tool": tool, "arguments": arguments, "pid": os.getpid(), "key": meta.get(IDEMPOTENCY_META_KEY)}
+        entry = {
+            "tool": tool,
+            "arguments": arguments,
+            "pid": os.getpid(),
+            "key": meta.get(IDEMPOTENCY_META_KEY),
+        }
         with open(log_path, "a") as f:
             f.write(json.dumps(entry) + "\n")
             f.flush()

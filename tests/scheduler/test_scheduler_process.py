@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +18,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from support import Ports, Service, free_port, running, write_config
+from support import Ports, Service, free_port, running, until, write_config
 from turns_stream import TurnsStream
 
 from luftpause.proto import pb, rpc
@@ -101,17 +100,6 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
     engine.close()
 
 
-async def _eventually(predicate, what: str, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def _status(s: Scheduler) -> dict:
     async with httpx.AsyncClient() as client:
         return (await client.get(f"{s.status_url}/status", timeout=5)).json()
@@ -126,7 +114,7 @@ async def _engine_load(s: Scheduler, running: int, waiting: int) -> None:
         replica = (await _status(s))["replicas"][0]
         return replica["running"] == running and replica["waiting"] == waiting
 
-    await _eventually(seen, f"the scheduler to read running={running} waiting={waiting}")
+    await until(seen, what=f"the scheduler to read running={running} waiting={waiting}", interval_s=0.05)
 
 
 def _admit(turn_id: str, run_id: str, model: str = MODEL, **kw) -> pb.AdmitRequest:
@@ -164,14 +152,14 @@ async def test_admit_places_a_turn_and_the_run_shows_in_status(scheduler: Schedu
                     "phase"
                 ] == "paused"
 
-            await _eventually(paused, "run p-r1 to show as paused on its tool")
+            await until(paused, what="run p-r1 to show as paused on its tool", interval_s=0.05)
 
             await turns.report(pb.TurnEvent(run_id="p-r1", run_ended=pb.RunEnded()))
 
             async def forgotten() -> bool:
                 return (await client.get(f"{scheduler.status_url}/status/runs/p-r1")).status_code == 404
 
-            await _eventually(forgotten, "run p-r1 to be forgotten after run_ended")
+            await until(forgotten, what="run p-r1 to be forgotten after run_ended", interval_s=0.05)
             body = (await client.get(f"{scheduler.status_url}/status/runs/p-r1")).json()
             assert "p-r1" in body["error"]["message"]
 
@@ -202,7 +190,7 @@ async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ou
             doc = await _status(scheduler)
             return doc if doc["held"]["count"] == 1 else {}
 
-        doc = await _eventually(held, "the second turn to be held")
+        doc = await until(held, what="the second turn to be held", interval_s=0.05)
         assert doc["held"]["by_class"]["batch"]["count"] == 1
         assert doc["held"]["by_caller"]["tests"]["count"] == 1
         replica = doc["replicas"][0]
@@ -225,7 +213,7 @@ async def _held_count(scheduler: Scheduler, n: int, what: str) -> None:
     async def check() -> bool:
         return (await _status(scheduler))["held"]["count"] == n
 
-    await _eventually(check, what)
+    await until(check, what=what, interval_s=0.05)
 
 
 async def test_an_abandoned_held_turn_leaves_the_held_queue(scheduler: Scheduler):
@@ -301,7 +289,7 @@ async def test_prober_reads_the_fake_engine_and_sigterm_stops_the_scheduler(tmp_
                 replica = (await _status(s))["replicas"][0]
                 return replica if replica["probed"] and replica["running"] is not None else {}
 
-            replica = await _eventually(probed, "the first probe of the fake engine")
+            replica = await until(probed, what="the first probe of the fake engine", interval_s=0.05)
             assert replica["healthy"] is True
             assert (replica["waiting"], replica["waiting_ours"], replica["limit"]) == (0, 0, 2)
             async with grpc.aio.insecure_channel(s.target) as channel, TurnsStream(channel) as turns:

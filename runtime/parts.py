@@ -1,0 +1,189 @@
+"""The runtime's parts, wired together: journal, runs, sub-agent loop, tool servers, tasks.
+
+`Runtime` starts and stops them as one, and holds what the MCP tools (mcp_tools.py) and GET
+/status share: who a request is and which runs it may see (callers.py), spawn's checks of the
+parent, model and tools it names before a run exists, and the status document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver.exceptions import ToolError
+
+from luftpause.config import Config
+from luftpause.runtime.agent import Agent
+from luftpause.runtime.callers import NotYours, Who, who_of
+from luftpause.runtime.journal import Journal
+from luftpause.runtime.journal_writer import JsonlWriter
+from luftpause.runtime.llm import Dataplane
+from luftpause.runtime.restore import evict, restore
+from luftpause.runtime.run import Run
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import SpawnArguments
+from luftpause.runtime.state_lock import StateLock
+from luftpause.runtime.tasks import Tasks
+from luftpause.runtime.tool_servers import ToolServers
+from luftpause.runtime.views import summary
+
+log = logging.getLogger(__name__)
+
+# How long spawn waits for tool servers still being connected to before judging its `tools`.
+SPAWN_LISTING_WAIT_S = 5.0
+
+
+class Runtime:
+    """The runtime's parts, wired together: journal, runs, sub-agent loop, tool servers, tasks."""
+
+    def __init__(
+        self,
+        config: Config,
+        state_dir: str | None = None,
+        token: str | None = None,
+        operator_token: str | None = None,
+    ) -> None:
+        settings = config.runtime
+        self.config = config
+        self.operator_token = operator_token
+        self.state_dir = Path(state_dir or settings.state_dir)
+        # Before anything reads the directory: a second runtime here must not resume these runs.
+        self.state_lock = StateLock(self.state_dir)
+        self.writer = JsonlWriter()
+        self.journal = Journal(self.state_dir, self.writer)
+        self.tool_servers = ToolServers(settings.mcp_servers)
+        self.dataplane = Dataplane(settings.dataplane, token=token)
+        self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model)
+        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run)
+        self.tasks = Tasks(self.state_dir, self.runs, self.writer)
+        self._evicting: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.tool_servers.start()
+        retention_s = self.config.runtime.retention_s
+        restore(self.runs, retention_s)
+        self.tasks.restore()
+        self._evicting = asyncio.create_task(self._evict_every(min(retention_s / 10, 600.0)), name="evict")
+        log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
+
+    async def _evict_every(self, period_s: float) -> None:
+        """Finished runs older than the retention window leave memory for the archive."""
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await evict(self.runs, self.config.runtime.retention_s)
+            except OSError as e:
+                log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
+
+    async def stop(self) -> None:
+        """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot
+        be closed cleanly) is logged and the rest still stop: the tool servers are left, the
+        journal is closed and the state directory's lock is released whatever came before."""
+        if self._evicting is not None:
+            self._evicting.cancel()
+        parts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("runs", self.runs.shutdown),
+            ("tasks", self.tasks.close),
+            ("tool servers", self.tool_servers.close),
+            ("dataplane client", self.dataplane.close),
+            ("journal", self.journal.close),
+            ("journal writer", self.writer.close),
+        )
+        try:
+            for name, stop in parts:
+                try:
+                    stopped = stop()
+                    if inspect.isawaitable(stopped):
+                        await stopped
+                except Exception as e:
+                    log.warning("stopping the %s failed: %s", name, e)
+        finally:
+            self.state_lock.release()
+
+    async def spawn(self, arguments: SpawnArguments, who: Who) -> Run:
+        """Spawns a run for `who`, once its parent, model and tools are known to be there; the
+        run is on disk when this returns. Refusals are `ToolError`, `UnknownRun`, `NotYours`,
+        `SpawnRefused` or `JournalError`, each saying why."""
+        spec = arguments.spec(self.config.runtime.default_model)
+        if spec.parent is not None:
+            self.run_for(spec.parent, who)
+        await self._check_model(spec.model)
+        if spec.tools is not None:
+            await self._check_tool_names(spec.tools)
+        return await self.runs.spawn_durably(spec, who.caller, who.owner)
+
+    def who(self, ctx: Any) -> Who:
+        """The identity of the request `ctx` belongs to (callers.py)."""
+        return who_of(ctx, self.operator_token)
+
+    def run_for(self, handle: str, who: Who) -> Run:
+        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`)."""
+        run = self.runs.get(handle)
+        if not who.may_see(run):
+            raise NotYours(handle)
+        return run
+
+    async def _check_model(self, model: str) -> None:
+        """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""
+        served = await self.dataplane.models()
+        if served is None:
+            # The dataplane cannot say now (down, restarting): the run's first turn will tell.
+            log.warning(
+                "spawn: cannot list the dataplane's models at %s; not checking %r",
+                self.dataplane.base_url,
+                model,
+            )
+            return
+        if model not in served:
+            raise ToolError(
+                f"unknown model {model!r}: the pool serves {', '.join(repr(m) for m in served) or 'no models'}; "
+                f"name one of them, or omit model for the default ({self.config.runtime.default_model!r})."
+            )
+
+    async def _check_tool_names(self, names: list[str]) -> None:
+        tools, unavailable = self.tool_servers.catalog()
+        if all(n in tools for n in names):
+            return
+        if unavailable:
+            await self.tool_servers.listed(SPAWN_LISTING_WAIT_S)
+            tools, unavailable = self.tool_servers.catalog()
+        unknown = [n for n in names if n not in tools]
+        if unknown:
+            message = (
+                f"unknown tools: {', '.join(unknown)}. Available tools: {', '.join(sorted(tools)) or 'none'}."
+            )
+            if unavailable:
+                message += " Not reachable now: " + "; ".join(unavailable) + "."
+            raise ToolError(message)
+
+    def decide_model(self, with_labels: bool) -> str | None:
+        """The model decide uses when none is named: with labels the runtime's own (generative)
+        model, without them the first single-pass (classifier) model in the pool."""
+        if with_labels:
+            return self.config.runtime.default_model
+        return next((r.models[0] for r in self.config.replicas if r.kind == "single-pass"), None)
+
+    def status_document(self) -> dict[str, Any]:
+        """GET /status: every run (flat, and as a tree with subtree totals), tool servers, tools."""
+        tools, _ = self.tool_servers.catalog()
+
+        def node(run: Run) -> dict[str, Any]:
+            return {**summary(run), "children": [node(c) for c in run.children]}
+
+        return {
+            "runs": [summary(run) for run in self.runs],
+            "tree": [node(root) for root in self.runs.roots()],
+            "toolServers": [
+                {
+                    "name": s.name,
+                    "tools": [t.name for t in s.tools] if s.tools is not None else None,
+                    "problem": s.problem,
+                }
+                for s in self.tool_servers.servers
+            ],
+            "tools": sorted(tools),
+        }

@@ -1,0 +1,146 @@
+"""Runs across restarts: rebuilt from the journal at start, and moved to the archive when old.
+
+At start the journal is compacted (journal.py), then replayed: finished runs only answer, and
+unfinished ones get their loop again, from their last journaled step. While the runtime runs,
+every run tree whose runs all finished longer ago than the retention window leaves memory for
+the archive, which answers for them from then on (`from_archive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from luftpause.runtime.budgets import restore_tripped
+from luftpause.runtime.journal import ReplayedRun, new_counters, read_counters
+from luftpause.runtime.run import Run
+from luftpause.runtime.spec import RunSpec, initial_messages
+
+if TYPE_CHECKING:
+    from luftpause.runtime.runs import Runs
+
+log = logging.getLogger(__name__)
+
+
+def restore(runs: Runs, retention_s: float | None = None) -> None:
+    """Rebuilds runs from the journal; unfinished ones resume from their last journaled step.
+    With `retention_s`, the journal is compacted first (journal.py): finished trees older than
+    that go to the archive and are not loaded."""
+    journal = runs.journal
+    if retention_s is not None:
+        journal.compact(retention_s)
+    resumed = 0
+    # Compaction has warned of every record it could not read; the replay says it once more only without it.
+    for replayed in journal.replay(warn=retention_s is None):
+        try:
+            spec = RunSpec.model_validate(replayed.spec)
+        except ValueError as e:
+            log.warning("run %s: journaled spec is unreadable (%s); not restored", replayed.handle, e)
+            continue
+        messages = initial_messages(spec)
+        for round_messages in replayed.rounds:
+            messages.extend(round_messages)
+        run = Run(
+            handle=replayed.handle,
+            spec=spec,
+            caller=replayed.caller,
+            created_at=replayed.spawned_at,
+            messages=messages,
+            counters={**new_counters(), **replayed.counters},
+            pending_turn=replayed.pending_turn,
+            pending_results=list(replayed.pending_results),
+            decisions=dict(replayed.decisions),
+            owner=replayed.owner,
+            restored=True,
+        )
+        if replayed.finished is not None:
+            status = replayed.finished.get("status")
+            run.status = status if status in ("finished", "failed", "cancelled") else "failed"
+            run.result = replayed.finished.get("result")
+            run.error = replayed.finished.get("error")
+            run.finished_at = _number(replayed.finished.get("at"))
+            run.done.set()
+        runs.add(run)
+    every = list(runs)
+    for run in every:
+        restore_tripped(run)
+    for run in every:
+        if run.running:
+            resumed += 1
+            log.info(
+                "run %s: resuming after %d journaled tool rounds%s",
+                run.handle,
+                sum(1 for m in run.messages if m.get("role") == "assistant"),
+                " and a round cut short" if run.pending_turn is not None else "",
+            )
+            runs.start(run)
+    if every:
+        log.info("journal: %d runs restored, %d of them resumed", len(every), resumed)
+
+
+async def evict(runs: Runs, retention_s: float, now: float | None = None) -> int:
+    """Moves every run tree whose runs all finished more than `retention_s` ago from memory to
+    the archive (written off the event loop, durably, first), which answers for them from
+    then on; returns how many runs left. Their records leave runs.jsonl at the next start."""
+    now = time.time() if now is None else now
+    leaving: list[Run] = []
+    for root in runs.roots():
+        tree = list(root.subtree())
+        if all(
+            not r.running and r.finished_at is not None and now - r.finished_at > retention_s for r in tree
+        ):
+            leaving.extend(tree)
+    if not leaving:
+        return 0
+    await asyncio.to_thread(runs.journal.archive, [_archived(r) for r in leaving])
+    for r in leaving:
+        runs.forget(r)
+    log.info("%d finished runs older than %.0f s moved to the archive", len(leaving), retention_s)
+    return len(leaving)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _archived(run: Run) -> ReplayedRun:
+    """A finished run as the archive records it."""
+    return ReplayedRun(
+        handle=run.handle,
+        spec=run.spec.model_dump(),
+        caller=run.caller,
+        spawned_at=run.created_at,
+        owner=run.owner,
+        counters=dict(run.counters),
+        finished={"at": run.finished_at, "status": run.status, "result": run.result, "error": run.error},
+    )
+
+
+def from_archive(record: dict[str, Any]) -> Run:
+    """A finished run read back from its archive record (its conversation is not kept)."""
+    try:
+        spec = RunSpec.model_validate(record.get("spec") or {})
+    except ValueError:
+        spec = RunSpec(task="(unreadable in the archive)", model="")
+    status = record.get("status")
+    run = Run(
+        handle=str(record["run"]),
+        spec=spec,
+        caller=record.get("caller") if isinstance(record.get("caller"), str) else None,
+        created_at=_number(record.get("spawnedAt")) or 0.0,
+        messages=[],
+        counters={**new_counters(), **read_counters(record)},
+        status=status if status in ("finished", "failed", "cancelled") else "failed",
+        result=record.get("result"),
+        error=record.get("error"),
+        owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
+        restored=True,
+        finished_at=_number(record.get("at")),
+    )
+    run.done.set()
+    return run

@@ -1,0 +1,98 @@
+"""How a run is shown: to MCP clients by await, run, status and cancel, and on GET /status.
+
+`view` is a run as the tools return it (`RunView`, whose field descriptions the harness model
+reads in the tools' output schemas); `summary` is a run as the runtime's status document lists
+it, with its own work and its subtree's totals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from luftpause.runtime.budgets import BudgetView, budget_view
+from luftpause.runtime.journal import new_counters
+from luftpause.runtime.run import Run, ShownStatus
+
+
+class PendingApprovalView(BaseModel):
+    tool: str = Field(description="the tool the sub-agent wants to call")
+    arguments: dict[str, Any] = Field(description="the arguments it wants to call it with")
+
+
+class RunView(BaseModel):
+    """A run as await and status report it."""
+
+    handle: str = Field(description="the run's handle, as spawn returned it")
+    status: ShownStatus = Field(
+        description="running, AwaitingApproval (a tool call waits for approve), finished, failed or cancelled"
+    )
+    result: str | None = Field(description="the sub-agent's final answer once finished, else null")
+    error: str | None = Field(description="why the run failed or was cancelled, else null")
+    toolCalls: int = Field(description="tool calls made so far")
+    failedToolCalls: int = Field(description="tool calls that errored, were refused as malformed or declined")
+    turns: int = Field(description="model turns so far")
+    parent: str | None = Field(default=None, description="the parent run's handle, if spawned under one")
+    children: list[str] = Field(default_factory=list, description="handles of runs spawned under this one")
+    pendingApproval: PendingApprovalView | None = Field(
+        default=None, description="while AwaitingApproval: the tool call waiting; answer with approve"
+    )
+    budget: BudgetView | None = Field(default=None, description="this run's budget over its subtree, if set")
+
+
+def view(run: Run) -> RunView:
+    """The run as the tools return it."""
+    pending = run.pending_approval
+    return RunView(
+        handle=run.handle,
+        status=run.shown_status(),
+        result=run.result,
+        error=run.error,
+        toolCalls=int(run.counters["toolCalls"]),
+        failedToolCalls=int(run.counters["failedToolCalls"]),
+        turns=int(run.counters["turns"]),
+        parent=run.spec.parent,
+        children=[c.handle for c in run.children],
+        pendingApproval=PendingApprovalView(tool=pending.tool, arguments=pending.arguments)
+        if pending
+        else None,
+        budget=budget_view(run),
+    )
+
+
+def _rounded(counters: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in counters.items()}
+
+
+def subtree_totals(run: Run) -> dict[str, float]:
+    """The counters of the run and every run below it, added up."""
+    totals = new_counters()
+    for r in run.subtree():
+        for k, v in r.counters.items():
+            totals[k] += v
+    return _rounded(totals)
+
+
+def summary(run: Run) -> dict[str, Any]:
+    """The run as the runtime's GET /status lists it: its own work and its subtree's totals."""
+    pending = run.pending_approval
+    budget = budget_view(run)
+    own = _rounded(run.counters)
+    return {
+        "handle": run.handle,
+        "status": run.shown_status(),
+        "parent": run.spec.parent,
+        "children": [c.handle for c in run.children],
+        "task": run.spec.task,
+        "model": run.spec.model,
+        "serviceClass": run.spec.serviceClass,
+        "caller": run.caller,
+        "createdAt": run.created_at,
+        "error": run.error,
+        **own,
+        "own": dict(own),
+        "subtree": subtree_totals(run),
+        "pendingApproval": {"tool": pending.tool, "arguments": pending.arguments} if pending else None,
+        "budget": budget.model_dump() if budget else None,
+    }
