@@ -22,6 +22,7 @@ import re
 import time
 from typing import Any
 
+from luftpause.lifecycle import CALLER_HEADER, CALLER_MAX_BYTES, CLASS_HEADER, RUN_ID_HEADER
 from luftpause.runtime.approvals import DECLINED_TEXT, ask_approval, needs_approval
 from luftpause.runtime.llm import Dataplane, TurnFailed
 from luftpause.runtime.run import Run
@@ -37,7 +38,6 @@ from luftpause.runtime.tool_servers import ToolServers, UpstreamTool
 
 log = logging.getLogger(__name__)
 
-CALLER_MAX_BYTES = 128
 
 _UNSAFE_HEADER_CHARS = re.compile(r"[^\x21-\x7e]")
 
@@ -56,9 +56,9 @@ class Agent:
         self.default_model = default_model
 
     def headers(self, run: Run) -> dict[str, str]:
-        headers = {"x-luftpause-run-id": run.handle, "x-luftpause-class": run.spec.serviceClass}
+        headers = {RUN_ID_HEADER: run.handle, CLASS_HEADER: run.spec.serviceClass}
         if run.caller:
-            headers["x-luftpause-caller"] = caller_header(run.caller)
+            headers[CALLER_HEADER] = caller_header(run.caller)
         return headers
 
     def allowed_tools(self, run: Run) -> dict[str, UpstreamTool]:

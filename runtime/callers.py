@@ -24,9 +24,9 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
+from luftpause.lifecycle import CALLER_HEADER
 from luftpause.runtime.run import UnknownRun
 
-CALLER_HEADER = "x-luftpause-caller"
 ANONYMOUS = "anonymous"
 
 

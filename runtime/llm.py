@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from luftpause.lifecycle import RUN_ID_HEADER
+
 log = logging.getLogger(__name__)
 
 # Longest a single turn may take, queue wait included (the OpenAI and Anthropic clients' default).
@@ -63,7 +65,7 @@ class Dataplane:
     async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """Sends one turn and returns the parsed completion; retries 429s, raises `TurnFailed`."""
         url = f"{self.base_url}/v1/chat/completions"
-        retries = _Retries(headers.get("x-luftpause-run-id", ""))
+        retries = _Retries(headers.get(RUN_ID_HEADER, ""))
         while True:
             try:
                 response = await self._http.post(url, json=body, headers=headers)
@@ -91,7 +93,7 @@ class Dataplane:
                 delay = retry_after_s(response.headers.get("retry-after"))
                 log.info(
                     "run %s: 429 from the dataplane, retrying in %.1f s",
-                    headers.get("x-luftpause-run-id"),
+                    headers.get(RUN_ID_HEADER),
                     delay,
                 )
                 await asyncio.sleep(delay)

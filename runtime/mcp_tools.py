@@ -22,6 +22,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel, Field
 
+from luftpause.lifecycle import CALLER_HEADER, CLASS_HEADER, INTERACTIVE
 from luftpause.runtime import elicitation
 from luftpause.runtime.agent import caller_header
 from luftpause.runtime.approvals import decide_approval, needs_approval
@@ -217,8 +218,7 @@ async def decide(
     body: dict[str, Any] = {"model": model, "input": input}
     if labels is not None:
         body["labels"] = labels
-    headers = {"x-luftpause-class": "interactive"}
-    headers["x-luftpause-caller"] = caller_header(runtime.who(ctx).caller)
+    headers = {CLASS_HEADER: INTERACTIVE, CALLER_HEADER: caller_header(runtime.who(ctx).caller)}
     try:
         return decision_of(await runtime.dataplane.decide(body, headers))
     except DecideFailed as e:
