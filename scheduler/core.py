@@ -63,6 +63,7 @@ costs O(log n) in the turns and runs held, plus one look at each replica and gro
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -174,60 +175,21 @@ class _Tx:
         # Groups a lane entered in this decision: they may have somewhere to go that the
         # groups already held had not.
         self.entered: list[Group] = []
-        (
-            self.replicas,
-            self.order,
-            self.runs,
-            self.turns,
-            self.next_seq,
-            self.now,
-            self.serving,
-            self.routers_of,
-            self.in_flight_by_replica,
-            self.in_flight_by_caller,
-            self.paused_by_replica,
-            self.held_queues,
-            self.held_groups,
-            self.caller_groups,
-            self.lanes,
-            self.run_lanes,
-            self.run_open,
-            self.run_placed,
-            self.placed_order,
-            self.quiet_order,
-            self.unconfirmed,
-            self.kept_order,
-            self.pause_estimate,
-            self.unconfirmed_interactive,
-        ) = s
+        _load(self, s)
 
     def freeze(self) -> State:
-        return State(
-            self.replicas,
-            self.order,
-            self.runs,
-            self.turns,
-            self.next_seq,
-            self.now,
-            self.serving,
-            self.routers_of,
-            self.in_flight_by_replica,
-            self.in_flight_by_caller,
-            self.paused_by_replica,
-            self.held_queues,
-            self.held_groups,
-            self.caller_groups,
-            self.lanes,
-            self.run_lanes,
-            self.run_open,
-            self.run_placed,
-            self.placed_order,
-            self.quiet_order,
-            self.unconfirmed,
-            self.kept_order,
-            self.pause_estimate,
-            self.unconfirmed_interactive,
-        )
+        return State._make(_read_state(self))
+
+
+# Copying the state's fields in and out is written from State._fields, once, so that a field
+# added to the state is carried by every decision without being listed here: the loader is
+# made the way namedtuple makes its methods (one unpacking, no loop per decision), the reader is
+# one attrgetter.
+_read_state = operator.attrgetter(*State._fields)
+_LOADER = f"def _load(tx, s):\n    ({', '.join(f'tx.{name}' for name in State._fields)},) = s\n"
+_namespace: dict[str, Any] = {}
+exec(_LOADER, _namespace)  # noqa: S102 (generated from State._fields only)
+_load: Callable[[_Tx, State], None] = _namespace["_load"]
 
 
 # --- event handlers ---------------------------------------------------------------------------
@@ -344,7 +306,7 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
                 # Back from a tool: how long its caller's tools take is what a kept slot lasts.
                 estimate = admission.learn_pause(tx.pause_estimate.get(e.caller), e.at - run.last_activity)
                 tx.pause_estimate = tx.pause_estimate.set(e.caller, estimate)
-            run = run._replace(service_class=e.service_class, caller=e.caller, last_activity=e.at, dataplane=e.dataplane)
+            run = run.came_back(e.service_class, e.caller, e.at, e.dataplane)
         _set_run(tx, e.run_id, run)
     _hold(tx, turn, _group(tx, turn))
 
@@ -358,7 +320,7 @@ def _turn_started(tx: _Tx, e: TurnStarted, actions: list[Action]) -> None:
         return  # a streamed turn confirms itself by its first token; nothing to remember
     turn = tx.turns.get(e.turn_id)
     if turn is not None and turn.status is _PLACED and turn.streamed is None:
-        tx.turns = tx.turns.set(e.turn_id, turn._replace(streamed=False))
+        tx.turns = tx.turns.set(e.turn_id, turn.sent(streamed=False))
 
 
 def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
@@ -522,7 +484,7 @@ def _paused_at(run: Run | None) -> str | None:
 
 def _group(tx: _Tx, turn: Turn) -> Group:
     pin = _pin(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
-    return (turn.kind, turn.model, pin, turn.service_class)
+    return Group(turn.kind, turn.model, pin, turn.service_class)
 
 
 def _bump(counts: Map, key: str, delta: int) -> Map:
@@ -558,9 +520,8 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
         # Each lane of the run moves whole, by its first turn: O(log n) per lane, not per turn.
         for lane in tx.run_lanes.get(run_id, ()):
             head = tx.lanes[lane].first()[0]
-            _, kind, model, service_class, _ = lane
-            _unhold_lane(tx, lane, head, (kind, model, old_pin, service_class))
-            _hold_lane(tx, lane, head, (kind, model, new_pin, service_class))
+            _unhold_lane(tx, lane, head, Group(lane.kind, lane.model, old_pin, lane.service_class))
+            _hold_lane(tx, lane, head, Group(lane.kind, lane.model, new_pin, lane.service_class))
 
 
 def _open(tx: _Tx, run_id: str, delta: int) -> None:
@@ -612,7 +573,7 @@ def _end_turn(
         _set_run(
             tx,
             run.run_id,
-            run._replace(phase=phase, last_activity=at if touch else run.last_activity, kept_until=kept_until),
+            run.turn_ended(phase, at if touch else run.last_activity, kept_until),
         )
     # Uncounted after the run is updated, so a run going quiet enters the quiet index once.
     _open(tx, turn.run_id, -1)
@@ -654,7 +615,7 @@ def _set_unconfirmed(tx: _Tx, turn: Turn, present: bool) -> None:
 def _confirm(tx: _Tx, turn: Turn) -> None:
     """The engine has started `turn`: it no longer counts against its replica's lookahead."""
     assert turn.replica is not None and turn.placed_at is not None
-    tx.turns = tx.turns.set(turn.turn_id, turn._replace(confirmed=True))
+    tx.turns = tx.turns.set(turn.turn_id, turn.started())
     replica = tx.replicas[turn.replica]
     if admission.uncapped(replica):
         return  # an uncapped replica's turns are never counted as waiting (see `_count_placed`)
@@ -706,7 +667,7 @@ def _set_caller_in_flight(tx: _Tx, caller: str, count: int) -> None:
 
 
 def _lane(turn: Turn) -> Lane:
-    return (turn.run_id, turn.kind, turn.model, turn.service_class, turn.caller)
+    return Lane(turn.run_id, turn.kind, turn.model, turn.service_class, turn.caller)
 
 
 def _hold(tx: _Tx, turn: Turn, group: Group) -> None:
@@ -748,7 +709,7 @@ def _move_lane_head(tx: _Tx, lane: Lane, head: int, new_head: int, group: Group)
     """A lane that stays in `group` is now stood for by a later turn (`new_head`, after `head`):
     `_unhold_lane` then `_hold_lane`, in one change of each index. The group gains no turn that
     could go anywhere its other turns could not, so it has not `entered` anywhere."""
-    caller = lane[4]
+    caller = lane.caller
     key = (group, caller)
     queue = tx.held_queues[key]
     first = queue.first()[0]
@@ -764,7 +725,7 @@ def _move_lane_head(tx: _Tx, lane: Lane, head: int, new_head: int, group: Group)
 def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
     """Enters a lane, by its first turn's seq, in its group's queue for its caller."""
     tx.entered.append(group)
-    caller = lane[4]
+    caller = lane.caller
     key = (group, caller)
     queue = tx.held_queues.get(key)
     count = tx.in_flight_by_caller.get(caller, 0)
@@ -782,7 +743,7 @@ def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
 
 
 def _unhold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
-    caller = lane[4]
+    caller = lane.caller
     key = (group, caller)
     queue = tx.held_queues[key]
     first = queue.first()[0]
@@ -871,7 +832,7 @@ def _entered_may_place(tx: _Tx, room_interactive: list[str], room_batch: list[st
         return False
     for group in tx.entered:
         if group in tx.held_groups:
-            room = room_batch if group[3] is _BATCH else room_interactive
+            room = room_batch if group.service_class is _BATCH else room_interactive
             if room and _choose(tx, group, room) is not None:
                 return True
     return False
@@ -903,7 +864,7 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
             callers = groups.get(group)
             if callers is None:
                 continue
-            batch = group[3] is _BATCH
+            batch = group.service_class is _BATCH
             if batch and not room_batch:
                 continue
             count, seq, caller = callers.first()
@@ -941,7 +902,7 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
 
 def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
     _unhold(tx, turn, group)
-    placed = turn._replace(status=_PLACED, replica=replica.name, placed_at=tx.now)
+    placed = turn.placed_on(replica.name, tx.now)
     tx.turns = tx.turns.set(turn.turn_id, placed)
     _count_placed(tx, placed, 1)
     run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
@@ -950,5 +911,5 @@ def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
         _set_run(
             tx,
             run.run_id,
-            run._replace(phase=_GENERATING, replica=replica.name, last_activity=tx.now, kept_until=None),
+            run.placed_on(replica.name, tx.now),
         )

@@ -99,6 +99,23 @@ class Run(NamedTuple):
     # that dataplane speaks for the run (see core._resynced).
     dataplane: str = ""
 
+    # The run's transitions, as new records. Each is written out field by field here, once:
+    # `_replace` would say the same in a third of the lines at twice the cost a decision, and
+    # these run for every turn.
+
+    def came_back(self, service_class: ServiceClass, caller: str, at: float, dataplane: str) -> Run:
+        """A turn of the run arrived: the class and caller are per turn, the run carries the latest."""
+        return Run(self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane)
+
+    def placed_on(self, replica: str, at: float) -> Run:
+        """One of its turns was placed on `replica`: generating there, no room kept for it."""
+        return Run(self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane)
+
+    def turn_ended(self, phase: Phase, last_activity: float, kept_until: float | None) -> Run:
+        return Run(
+            self.run_id, self.service_class, self.caller, phase, self.replica, last_activity, kept_until, self.dataplane
+        )
+
 
 class Turn(NamedTuple):
     """One model call of a run: held until placed, then counted on its replica until reported done."""
@@ -125,16 +142,49 @@ class Turn(NamedTuple):
     # The dataplane that admitted it: only that dataplane's resync replaces it once placed.
     dataplane: str = ""
 
+    # Its transitions, as new records, written out field by field once (see `Run`'s).
 
-# Where a held turn may go, as far as its own fields and its run's pin say: (kind, model, the
-# replica its run is pinned to or None, class). Held turns of one group are all placeable or all
-# not, so the drain asks once per group, never once per turn.
-Group = tuple[Kind, str, "str | None", ServiceClass]
+    def placed_on(self, replica: str, at: float) -> Turn:
+        return Turn(
+            self.turn_id, self.run_id, self.service_class, self.caller, self.model, self.kind, self.arrived_at,
+            self.seq, TurnStatus.PLACED, replica, at, self.streamed, self.confirmed, self.dataplane,
+        )  # fmt: skip
 
-# A run's held turns of one kind, model, class and caller: (run id, kind, model, class, caller).
-# They share a group and are placed in arrival order, so a lane enters its group by its first
-# turn alone, and a run whose pin moves moves its lanes, not each of its turns.
-Lane = tuple[str, Kind, str, ServiceClass, str]
+    def sent(self, streamed: bool) -> Turn:
+        """Its request went to the engine; `streamed`: its reply will stream."""
+        return Turn(
+            self.turn_id, self.run_id, self.service_class, self.caller, self.model, self.kind, self.arrived_at,
+            self.seq, self.status, self.replica, self.placed_at, streamed, self.confirmed, self.dataplane,
+        )  # fmt: skip
+
+    def started(self) -> Turn:
+        """The engine is known to have started it."""
+        return Turn(
+            self.turn_id, self.run_id, self.service_class, self.caller, self.model, self.kind, self.arrived_at,
+            self.seq, self.status, self.replica, self.placed_at, self.streamed, True, self.dataplane,
+        )  # fmt: skip
+
+
+class Group(NamedTuple):
+    """Where a held turn may go, as far as its own fields and its run's pin say. Held turns of
+    one group are all placeable or all not, so the drain asks once per group, never once per turn."""
+
+    kind: Kind
+    model: str
+    pin: str | None  # the replica its run is pinned to, or None
+    service_class: ServiceClass
+
+
+class Lane(NamedTuple):
+    """A run's held turns of one kind, model, class and caller. They share a group and are
+    placed in arrival order, so a lane enters its group by its first turn alone, and a run whose
+    pin moves moves its lanes, not each of its turns."""
+
+    run_id: str
+    kind: Kind
+    model: str
+    service_class: ServiceClass
+    caller: str
 
 _NO_MAP: Map = Map()
 
