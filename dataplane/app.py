@@ -4,7 +4,7 @@ Routes: `POST /v1/chat/completions` (the per-turn path, `proxy.Proxy`), `POST /v
 (`decide.Decide`), `GET /v1/models` (every model the pool serves),
 `DELETE /v1/runs/{run_id}` (the agent ends a run), `GET /health` and `GET /metrics`
 (Prometheus). With `LUFTPAUSE_TOKEN` set, every `/v1` route needs it as a bearer token
-(`auth.BearerAuth`). `serve(config)` runs it under uvicorn until SIGTERM or SIGINT, as one
+(`auth`). `serve(config)` runs it under uvicorn until SIGTERM or SIGINT, as one
 process or as one worker of several sharing the port (`workers`).
 """
 
@@ -27,8 +27,9 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause import logs
-from luftpause.dataplane import headers, server, workers
-from luftpause.dataplane.auth import BearerAuth, BearerGate, token_from_env
+from luftpause.bearer import Tokens
+from luftpause.dataplane import auth, headers, server, workers
+from luftpause.dataplane.auth import token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
@@ -52,16 +53,16 @@ class DataplaneApp(FastAPI):
 
     turn_path = "/v1/chat/completions"
 
-    def __init__(self, proxy: Proxy, gate: BearerGate, **kwargs: Any) -> None:
+    def __init__(self, proxy: Proxy, tokens: Tokens, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.proxy, self.gate = proxy, gate
+        self.proxy, self.tokens = proxy, tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == self.turn_path and scope["method"] == "POST":
-            if self.gate.allows(scope):
+            if self.tokens.allow(scope):
                 await self.proxy(scope, receive, send)
             else:
-                await self.gate.refuse(send)
+                await auth.refuse(scope, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -71,7 +72,7 @@ def create_app(config: lp_config.Config, token: str | None = None, name: str = "
     and what it shows the scheduler's gRPC port, which asks for the same one; `name` is what it
     calls itself to the scheduler when it is one worker of several."""
     proxy = Proxy(config, token, name)
-    gate = BearerGate(token)
+    tokens = Tokens(token)
     quiet_deliberate_cut_offs()
 
     @contextlib.asynccontextmanager
@@ -82,12 +83,12 @@ def create_app(config: lp_config.Config, token: str | None = None, name: str = "
         finally:
             await proxy.close()
 
-    app = DataplaneApp(proxy, gate, title="luftpause dataplane", lifespan=lifespan)
+    app = DataplaneApp(proxy, tokens, title="luftpause dataplane", lifespan=lifespan)
     app.state.proxy = proxy
     # Reached only by other methods on the turn path (a 405), the fast path takes the POSTs.
     app.router.routes.append(Route(DataplaneApp.turn_path, endpoint=proxy, methods=["POST"]))
     app.router.routes.append(Route("/v1/decide", endpoint=Decide(proxy), methods=["POST"]))
-    app.add_middleware(BearerAuth, gate=gate)
+    app.add_middleware(auth.BearerAuth, tokens=tokens, guarded=auth.guarded, refuse=auth.refuse)
     generated = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause.dataplane import headers
 from luftpause.dataplane.errors import BadTurnRequest, TurnRefused
-from luftpause.dataplane.proxy import Answer, Proxy, Turn
+from luftpause.dataplane.proxy import Answer, ProxiedTurn, Proxy
 from luftpause.dataplane.run_identity import new_run_id
 from luftpause.dataplane.sse import observe_completion
 from luftpause.proto import pb
@@ -156,7 +156,7 @@ class Decide:
             await self.proxy.refuse(answer, "decide", refusal)
             return
         labelled = decision.labels is not None
-        turn = Turn(
+        turn = ProxiedTurn(
             id=uuid.uuid4().hex,
             run_id=run_id,
             # A labelled decision is someone waiting on one token: it goes as interactive.
@@ -179,7 +179,7 @@ class Decide:
 
     async def _classify(
         self,
-        turn: Turn,
+        turn: ProxiedTurn,
         placement: pb.AdmitReply,
         body: bytes,
         answer: Answer,
@@ -197,7 +197,7 @@ class Decide:
 
     async def _score(
         self,
-        turn: Turn,
+        turn: ProxiedTurn,
         placement: pb.AdmitReply,
         decision: DecideRequest,
         labels: list[str],

@@ -42,8 +42,9 @@ class UnknownModel(TurnRefused):
     status_code = 404
 
 
-class EngineUnreachable(TurnRefused):
-    """The placed turn's engine could not be reached, or broke off before answering."""
+class ReplicaUnreachable(TurnRefused):
+    """The placed turn's engine could not be reached, or broke off before answering (the 502 the
+    client gets for the engine client's `EngineUnreachable`)."""
 
     status_code = 502
 
@@ -51,7 +52,7 @@ class EngineUnreachable(TurnRefused):
         super().__init__(f"engine {replica}: {describe(error)}")
 
 
-class EngineTooSlow(EngineUnreachable):
+class ReplicaTooSlow(ReplicaUnreachable):
     """The placed turn's engine took the request and sent nothing back within the first-byte
     timeout (`[dataplane] engine_first_byte_timeout_s`): hung, or stopped."""
 

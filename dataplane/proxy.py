@@ -50,8 +50,8 @@ from luftpause.dataplane.engine_client import (
 from luftpause.dataplane.errors import (
     BadTurnRequest,
     DataplaneStopping,
-    EngineTooSlow,
-    EngineUnreachable,
+    ReplicaTooSlow,
+    ReplicaUnreachable,
     TurnRefused,
     refusal_response,
 )
@@ -108,7 +108,7 @@ class ClientLeft(Exception):
 
 
 @dataclass(slots=True)
-class Turn:
+class ProxiedTurn:
     id: str
     run_id: str
     service_class: pb.ServiceClass
@@ -219,7 +219,7 @@ class Proxy:
         except TurnRefused as refusal:
             await self.refuse(answer, "chat", refusal)
             return
-        turn = Turn(
+        turn = ProxiedTurn(
             id=uuid.uuid4().hex,
             run_id=run_id,
             service_class=service_class,
@@ -237,7 +237,7 @@ class Proxy:
 
         await self.run_turn(turn, answer, receive, chat)
 
-    async def run_turn(self, turn: Turn, answer: Answer, receive: Receive, work: TurnWork) -> None:
+    async def run_turn(self, turn: ProxiedTurn, answer: Answer, receive: Receive, work: TurnWork) -> None:
         """Admits `turn` (steps 2), then runs `work` (steps 3 to 5) with the client watched for leaving.
 
         `work` gets the scheduler's placement and the future that completes when the client
@@ -266,7 +266,7 @@ class Proxy:
         await answer.refuse(refusal)
 
     async def place(
-        self, turn: Turn, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: ProxiedTurn, answer: Answer, client_left: asyncio.Future[None]
     ) -> pb.AdmitReply | None:
         """Step 2: held until the scheduler places the turn; None once it was refused or abandoned."""
         asked = time.perf_counter()
@@ -318,7 +318,7 @@ class Proxy:
 
     async def _chat(
         self,
-        turn: Turn,
+        turn: ProxiedTurn,
         placement: pb.AdmitReply,
         body: bytes,
         answer: Answer,
@@ -344,7 +344,7 @@ class Proxy:
             await upstream.aclose()
 
     async def exchange(
-        self, turn: Turn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: ProxiedTurn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]
     ) -> EngineResponse | None:
         """Sends the engine request; the response with its body still to read, or None when the
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
@@ -358,7 +358,7 @@ class Proxy:
         return None
 
     async def fetch_whole(
-        self, turn: Turn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: ProxiedTurn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]
     ) -> tuple[bytes, EngineResponse] | None:
         """Sends a request whose reply is read whole (not streamed): the body and the response
         (status and headers) when the engine answered below 400; None when the turn already ended
@@ -376,7 +376,7 @@ class Proxy:
             await upstream.aclose()
 
     async def read_whole(
-        self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: ProxiedTurn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> bytes | None:
         """The whole body of a reply that is not streamed; None when the turn ended while reading."""
         try:
@@ -390,7 +390,7 @@ class Proxy:
         return None
 
     async def pass_engine_error(
-        self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: ProxiedTurn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> None:
         """The engine refused (429, 5xx, 4xx): its status, body and Retry-After go back unchanged."""
         content = await self.read_whole(turn, upstream, answer, client_left)
@@ -400,7 +400,7 @@ class Proxy:
         await answer.respond(content, upstream)
 
     async def _relay_stream(
-        self, turn: Turn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
+        self, turn: ProxiedTurn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
     ) -> None:
         observer = StreamObserver()
         send_chunk = answer.send_chunk
@@ -433,23 +433,23 @@ class Proxy:
         await answer.finish()
         self.ended(turn, observation)
 
-    async def _engine_unreachable(self, turn: Turn, answer: Answer, error: EngineError) -> None:
+    async def _engine_unreachable(self, turn: ProxiedTurn, answer: Answer, error: EngineError) -> None:
         """The engine could not be reached or broke off before its reply began: a 502; or it
         never began its reply within the first-byte timeout: a 504."""
-        refusal = (EngineTooSlow if isinstance(error, EngineTimedOut) else EngineUnreachable)(turn.replica, error)
+        refusal = (ReplicaTooSlow if isinstance(error, EngineTimedOut) else ReplicaUnreachable)(turn.replica, error)
         self.failed(turn, refusal.message)
         await answer.refuse(refusal)
 
     # -- reporting: what happened to a turn, told to the scheduler and counted in the metrics --
 
-    def started(self, turn: Turn) -> None:
+    def started(self, turn: ProxiedTurn) -> None:
         """The engine request goes out now. For a streamed reply the scheduler learns nothing
         from this that its first token will not say (admission.py), so it travels with the
         next event rather than in a message of its own."""
         self._report(turn, urgent=not turn.streamed, started=pb.TurnStarted(streamed=turn.streamed))
         turn.sent_at = time.perf_counter()
 
-    def first_token(self, turn: Turn) -> None:
+    def first_token(self, turn: ProxiedTurn) -> None:
         """The engine's first token reached us (once a turn, streamed or not)."""
         if turn.first_token_seen:
             return
@@ -457,10 +457,10 @@ class Proxy:
         self.metrics.first_token(headers.class_name(turn.service_class), time.perf_counter() - turn.sent_at)
         self._report(turn, first_token=pb.FirstToken())
 
-    def failed(self, turn: Turn, error: str) -> None:
+    def failed(self, turn: ProxiedTurn, error: str) -> None:
         self._end(turn, "failed", failed=pb.TurnFailed(error=error))
 
-    def ended(self, turn: Turn, observation: ReplyObservation) -> None:
+    def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
         """A reply that came back whole: completed (its first token first, if not told yet), or
         failed when the engine said it failed."""
         if observation.error:
@@ -476,7 +476,7 @@ class Proxy:
         )
         self._end(turn, "completed", completed=completed)
 
-    def _end(self, turn: Turn, outcome: str, **event: Any) -> None:
+    def _end(self, turn: ProxiedTurn, outcome: str, **event: Any) -> None:
         if turn.ended:
             return
         turn.ended = True
@@ -484,13 +484,13 @@ class Proxy:
         self.metrics.ended(turn.route, outcome)
         self._report(turn, **event)
 
-    def _report(self, turn: Turn, urgent: bool = True, **event: Any) -> None:
+    def _report(self, turn: ProxiedTurn, urgent: bool = True, **event: Any) -> None:
         self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event), urgent)
 
     # -- helpers --
 
     def engine_request(
-        self, turn: Turn, placement: pb.AdmitReply, endpoint: str, body: bytes
+        self, turn: ProxiedTurn, placement: pb.AdmitReply, endpoint: str, body: bytes
     ) -> EngineRequest:
         """A POST of `body` to the placed replica's `endpoint` (as `engine_url` reads it).
 

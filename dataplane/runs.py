@@ -24,7 +24,7 @@ RESYNC_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
-class RunView:
+class BookedRun:
     run_id: str
     replica: str
     phase: pb.RunPhase
@@ -50,7 +50,7 @@ class RunBook:
 
     def __init__(self, idle_expiry_s: float = RUN_IDLE_EXPIRY_S) -> None:
         self._idle_expiry_s = idle_expiry_s
-        self.runs: dict[str, RunView] = {}
+        self.runs: dict[str, BookedRun] = {}
         self.turns: dict[str, PlacedTurn] = {}
         self._turn_count: dict[str, int] = {}
 
@@ -66,7 +66,7 @@ class RunBook:
         self.turns[turn.turn_id] = turn
         run = self.runs.get(turn.run_id)
         if run is None:
-            self.runs[turn.run_id] = RunView(
+            self.runs[turn.run_id] = BookedRun(
                 turn.run_id, turn.replica, pb.GENERATING, turn.service_class, turn.caller, now
             )
         else:

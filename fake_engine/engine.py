@@ -35,7 +35,7 @@ from luftpause.fake_engine.waiting import WaitingQueue
 
 
 @dataclass(frozen=True, slots=True)
-class EngineRequest:
+class ModelRequest:
     """One request as the engine sees it."""
 
     request_id: str
@@ -54,7 +54,7 @@ class EngineRequest:
 
 @dataclass(slots=True)
 class _Running:
-    request: EngineRequest
+    request: ModelRequest
     matched: tuple[Block, ...]
     uncached: int
     reserved: int
@@ -103,7 +103,7 @@ class Engine:
         self.now = now
         self.cache = PrefixCache()
         self.kv = KvPool(self.params.kv_pool_tokens, self.cache)
-        self.waiting: WaitingQueue[EngineRequest] = WaitingQueue(self.params.priority_scheduling)
+        self.waiting: WaitingQueue[ModelRequest] = WaitingQueue(self.params.priority_scheduling)
         self.running: dict[str, _Running] = {}
         self._queries = 0
         self._hits = 0
@@ -112,7 +112,7 @@ class Engine:
 
     # --- what drivers call -----------------------------------------------------------------
 
-    def submit(self, request: EngineRequest) -> None:
+    def submit(self, request: ModelRequest) -> None:
         """The request joins the waiting queue; the next step may admit it."""
         if request.request_id in self.running or request.request_id in self.waiting:
             raise ValueError(f"request {request.request_id} is already in the engine")
@@ -191,7 +191,7 @@ class Engine:
 
     # --- inside -------------------------------------------------------------------------------
 
-    def _reservation(self, request: EngineRequest, matched: int) -> int:
+    def _reservation(self, request: ModelRequest, matched: int) -> int:
         uncached = sum(b.tokens for b in request.blocks[matched:])
         limit = request.max_tokens if request.max_tokens is not None else self.params.default_max_tokens
         return uncached + (limit if request.completion_tokens > 0 else 0)

@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 
-from luftpause.fake_engine.engine import Engine, EngineLoad, EngineRequest
+from luftpause.fake_engine.engine import Engine, EngineLoad, ModelRequest
 from luftpause.fake_engine.params import EngineParams
 
 
@@ -26,7 +26,7 @@ class EngineRejected(Exception):
 class Generation:
     """One request in flight: the tokens it has so far and whether it is done."""
 
-    def __init__(self, driver: RealtimeEngine, request: EngineRequest) -> None:
+    def __init__(self, driver: RealtimeEngine, request: ModelRequest) -> None:
         self._driver = driver
         self.request = request
         self.decoded = 0
@@ -87,7 +87,7 @@ class RealtimeEngine:
     def params(self) -> EngineParams:
         return self.engine.params
 
-    def submit(self, request: EngineRequest) -> Generation:
+    def submit(self, request: ModelRequest) -> Generation:
         self._ensure_running()
         assert self._wake is not None
         if not self.engine.busy:

@@ -35,7 +35,7 @@ from luftpause import logs
 from luftpause.config import DEFAULT_MODEL
 from luftpause.errors import error_body
 from luftpause.fake_engine import classify, metrics
-from luftpause.fake_engine.engine import EngineRequest
+from luftpause.fake_engine.engine import ModelRequest
 from luftpause.fake_engine.logprobs import reply_logprobs
 from luftpause.fake_engine.params import EngineParams, params_from_env
 from luftpause.fake_engine.prefix_cache import prompt_blocks, reply_block
@@ -141,7 +141,7 @@ def create_app(
         texts = classify.inputs_of(body)
         prompt = sum(count_tokens(t) for t in texts)
         blocks = prompt_blocks([{"role": "user", "content": t} for t in texts])
-        work = engine.submit(EngineRequest(engine.next_id(), blocks, completion_tokens=0))
+        work = engine.submit(ModelRequest(engine.next_id(), blocks, completion_tokens=0))
         try:
             finished = await _unless_disconnected(request.receive, work.wait())
         except EngineRejected as e:
@@ -186,7 +186,7 @@ def create_app(
         prompt = sum(b.tokens for b in blocks)
         envelope = Envelope(model, name)
         logprobs = reply_logprobs(messages, reply, chat.top_logprobs or 0) if chat.logprobs else None
-        engine_request = EngineRequest(
+        engine_request = ModelRequest(
             engine.next_id(),
             blocks,
             completion_tokens=reply.completion_tokens,
@@ -243,7 +243,7 @@ def _sse(body: dict[str, Any] | str) -> bytes:
 
 async def _stream(
     engine: RealtimeEngine,
-    engine_request: EngineRequest,
+    engine_request: ModelRequest,
     envelope: Envelope,
     reply: Reply,
     prompt: int,

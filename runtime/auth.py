@@ -1,4 +1,5 @@
-"""The runtime's bearer token (`LUFTPAUSE_TOKEN`) and the CORS headers of its status document.
+"""The runtime's bearer token (`LUFTPAUSE_TOKEN`, checked as luftpause/bearer.py says) and the CORS
+headers of its status document.
 
 With a token, `/mcp` and `GET /status` answer 401 unless the request carries
 `Authorization: Bearer <token>` (or the operator token, `LUFTPAUSE_OPERATOR_TOKEN`, which
@@ -10,12 +11,15 @@ pass without the token, since browsers send them without credentials.
 
 from __future__ import annotations
 
-import hmac
 import json
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope, Send
 
+from luftpause.bearer import BearerAuth, authorization_of, send_401
 from luftpause.config import TOKEN_ENV
+from luftpause.errors import error_json
+
+__all__ = ["BearerAuth", "cors_headers", "guarded", "refuse"]
 
 GUARDED_PREFIXES = ("/mcp", "/status")
 # The JSON-RPC error code of a 401 on /mcp (in the range JSON-RPC leaves to servers).
@@ -42,46 +46,23 @@ def origin_of(scope: Scope) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
-def token_matches(header: str | None, token: str) -> bool:
-    if not header:
+def guarded(scope: Scope) -> bool:
+    """/mcp and /status need the token; CORS preflights pass without it."""
+    if scope.get("method") == "OPTIONS":
         return False
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(value.strip().encode(), token.encode())
+    path = scope.get("path", "")
+    return any(path == p or path.startswith(p + "/") for p in GUARDED_PREFIXES)
 
 
-class BearerAuth:
-    """ASGI middleware: the token on the guarded paths, or 401."""
-
-    def __init__(self, app: ASGIApp, token: str, operator_token: str | None = None) -> None:
-        self.app = app
-        self.tokens = [token, *([operator_token] if operator_token else [])]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        if not any(path == p or path.startswith(p + "/") for p in GUARDED_PREFIXES):
-            await self.app(scope, receive, send)
-            return
-        header = next(
-            (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None
-        )
-        if any(token_matches(header, t) for t in self.tokens):
-            await self.app(scope, receive, send)
-            return
-        message = "missing bearer token" if not header else "invalid bearer token"
-        error: dict[str, object] = {"message": f"{message}: send Authorization: Bearer <{TOKEN_ENV}>"}
-        headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
-        if path == "/status" or path.startswith("/status/"):
-            headers.extend(
-                (k.encode(), v.encode("latin-1")) for k, v in cors_headers(origin_of(scope)).items()
-            )
-            body = json.dumps({"error": error})
-        else:
-            # A JSON-RPC error, which MCP clients raise as this message instead of a bare 401.
-            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, **error}})
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": body.encode()})
+async def refuse(scope: Scope, send: Send) -> None:
+    """The 401: a JSON-RPC error on /mcp (MCP clients raise it with its message), the house
+    error body on /status, with the CORS headers that let the status page read it."""
+    problem = "missing bearer token" if authorization_of(scope) is None else "invalid bearer token"
+    message = f"{problem}: send Authorization: Bearer <{TOKEN_ENV}>"
+    path = scope.get("path", "")
+    if path == "/status" or path.startswith("/status/"):
+        cors = [(k.encode(), v.encode("latin-1")) for k, v in cors_headers(origin_of(scope)).items()]
+        await send_401(send, error_json(message), cors)
+    else:
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, "message": message}}
+        await send_401(send, json.dumps(body).encode())

@@ -30,10 +30,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from luftpause import __version__, logs
+from luftpause.bearer import Tokens
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
 from luftpause.hosts import HostGuard, allowed_hosts
+from luftpause.runtime import auth
 from luftpause.runtime.arguments import readable_arguments_error
-from luftpause.runtime.auth import BearerAuth, cors_headers
+from luftpause.runtime.auth import cors_headers
 from luftpause.runtime.mcp_tools import register_tools
 from luftpause.runtime.parts import Runtime
 from luftpause.runtime.state_lock import StateDirInUse
@@ -94,7 +96,9 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
     mcp = build_mcp(runtime)
     app = mcp.streamable_http_app(host=config.runtime.host)
     if token is not None:
-        app.add_middleware(BearerAuth, token=token, operator_token=operator_token)
+        app.add_middleware(
+            auth.BearerAuth, tokens=Tokens(token, operator_token), guarded=auth.guarded, refuse=auth.refuse
+        )
     # Added last, so it runs first: a foreign Host or Origin is refused before anything else.
     app.add_middleware(HostGuard, allowed=allowed_hosts(config))
     session_manager_lifespan = app.router.lifespan_context

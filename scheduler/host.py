@@ -30,8 +30,8 @@ import grpc
 import uvicorn
 
 from luftpause import config as _config
+from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
-from luftpause.dataplane.auth import bearer_matches
 from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.proto import DATAPLANE_KEY, pb, rpc
 from luftpause.scheduler import events as ev

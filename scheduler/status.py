@@ -22,8 +22,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
+from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
-from luftpause.dataplane.auth import bearer_matches
 from luftpause.errors import error_body
 from luftpause.scheduler import admission
 from luftpause.scheduler.state import Phase, ServiceClass, State, Turn

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from luftpause.bench.sim.arms import Arm
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.turns import SimTurn
-from luftpause.fake_engine.engine import EngineRequest
+from luftpause.fake_engine.engine import ModelRequest
 from luftpause.fake_engine.prefix_cache import prompt_blocks, reply_block
 from luftpause.fake_engine.protocol import reply_message
 from luftpause.fake_engine.replies import compose_reply
@@ -100,7 +100,7 @@ class Agent:
         blocks = prompt_blocks(self._messages, TOOLS)
         self._turns += 1
         turn_id = f"{self._run_id}-t{self._turns}"
-        request = EngineRequest(
+        request = ModelRequest(
             turn_id,
             blocks,
             completion_tokens=reply.completion_tokens,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from luftpause.bench.sim.clock import VirtualClock
-from luftpause.fake_engine.engine import Engine, EngineLoad, EngineRequest, Step
+from luftpause.fake_engine.engine import Engine, EngineLoad, ModelRequest, Step
 from luftpause.fake_engine.params import EngineParams
 
 
@@ -30,7 +30,7 @@ class SimReplica:
         self._stepping = False
 
     def submit(
-        self, request: EngineRequest, on_first_token: Callable[[], None], on_done: Callable[[], None]
+        self, request: ModelRequest, on_first_token: Callable[[], None], on_done: Callable[[], None]
     ) -> None:
         self._pending[request.request_id] = _Pending(on_first_token, on_done)
         self.engine.submit(request)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from luftpause.fake_engine.engine import EngineRequest
+from luftpause.fake_engine.engine import ModelRequest
 from luftpause.fake_engine.replies import Reply
 from luftpause.scheduler.state import ServiceClass
 
@@ -18,7 +18,7 @@ class SimTurn:
     caller: str
     index: int
     """0 for a run's first turn."""
-    request: EngineRequest
+    request: ModelRequest
     reply: Reply
     on_done: Callable[[SimTurn], None]
     replica: str | None = None

@@ -15,7 +15,7 @@ from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.run import simulate
 from luftpause.bench.sim.scenarios import SCENARIOS
 from luftpause.bench.sim.turns import SimTurn
-from luftpause.fake_engine.engine import EngineRequest
+from luftpause.fake_engine.engine import ModelRequest
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.prefix_cache import Block
 from luftpause.fake_engine.replies import Reply
@@ -28,7 +28,7 @@ SMALL_POOL = EngineParams(kv_pool_tokens=8192)
 
 def turn(name: str, cls: ServiceClass, caller: str, done: list[str], prompt: int = 1000) -> SimTurn:
     """A one-turn run whose prompt is its own (nothing cached) and whose reply is 8 tokens."""
-    request = EngineRequest(name, (Block(name.encode(), prompt),), completion_tokens=8, max_tokens=256)
+    request = ModelRequest(name, (Block(name.encode(), prompt),), completion_tokens=8, max_tokens=256)
     return SimTurn(
         turn_id=name,
         run_id=name,

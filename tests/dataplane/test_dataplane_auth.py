@@ -13,7 +13,7 @@ import httpx
 import pytest
 from real_stack import ENGINE_KEY, HOSTED_KEY, TOKEN, RealStack
 
-from luftpause.dataplane.auth import bearer_matches
+from luftpause.bearer import bearer_matches
 
 V1_ROUTES = [
     ("POST", "/v1/chat/completions"),

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.fake_engine.engine import Engine, EngineRequest
+from luftpause.fake_engine.engine import Engine, ModelRequest
 from luftpause.fake_engine.params import EngineParams, params_from_env
 from luftpause.fake_engine.prefix_cache import Block, prompt_blocks
 from luftpause.fake_engine.tokens import count_tokens, prompt_tokens
@@ -25,9 +25,9 @@ PARAMS = EngineParams(
 
 def request(
     rid: str, prompt: int = 100, reply: int = 5, max_tokens: int = 50, priority: int = 0
-) -> EngineRequest:
+) -> ModelRequest:
     """A one-message request whose prompt is unique to `rid`."""
-    return EngineRequest(rid, (Block(rid.encode(), prompt),), reply, max_tokens, priority=priority)
+    return ModelRequest(rid, (Block(rid.encode(), prompt),), reply, max_tokens, priority=priority)
 
 
 def conversation(*texts: str) -> list[dict]:
@@ -105,7 +105,7 @@ def test_a_repeated_prefix_is_cheaper_than_a_new_one() -> None:
     engine = Engine(PARAMS)
     first = conversation("x" * 4000)
     blocks = prompt_blocks(first)
-    engine.submit(EngineRequest("turn-1", blocks, 3, 50))
+    engine.submit(ModelRequest("turn-1", blocks, 3, 50))
     fresh = engine.step()
     run_until_idle(engine)
     # The next turn repeats the first message and adds one; a stranger sends as much, all new.
@@ -114,10 +114,10 @@ def test_a_repeated_prefix_is_cheaper_than_a_new_one() -> None:
     )
     stranger = prompt_blocks(conversation("y" * 4000, "ok", "more"))
     assert sum(b.tokens for b in again) == sum(b.tokens for b in stranger)
-    engine.submit(EngineRequest("turn-2", again, 3, 50))
+    engine.submit(ModelRequest("turn-2", again, 3, 50))
     cached = engine.step()
     run_until_idle(engine)
-    engine.submit(EngineRequest("stranger", stranger, 3, 50))
+    engine.submit(ModelRequest("stranger", stranger, 3, 50))
     uncached = engine.step()
     assert fresh is not None and cached is not None and uncached is not None
     cached_s = cached.ended - cached.started
@@ -141,7 +141,7 @@ def test_a_reply_is_cached_as_the_next_turn_will_send_it() -> None:
         ],
     }
     blocks = prompt_blocks(history)
-    engine.submit(EngineRequest("t1", blocks, 4, 50, reply=reply_block(blocks, answer)))
+    engine.submit(ModelRequest("t1", blocks, 4, 50, reply=reply_block(blocks, answer)))
     run_until_idle(engine)
     # The client echoes the call back with content "" and an extra field; the cache still matches.
     echoed = {**answer, "content": "", "refusal": None}
@@ -156,7 +156,7 @@ def test_eviction_frees_the_least_recently_used_prefix() -> None:
     assert all(sum(b.tokens for b in c) == 1000 for c in convs.values())
 
     def turn(rid: str, blocks: tuple[Block, ...]) -> None:
-        engine.submit(EngineRequest(rid, blocks, 1, 100))
+        engine.submit(ModelRequest(rid, blocks, 1, 100))
         run_until_idle(engine)
 
     turn("a1", convs["a"])
@@ -172,10 +172,10 @@ def test_eviction_frees_the_least_recently_used_prefix() -> None:
 def test_a_running_request_keeps_its_prefix_from_eviction() -> None:
     engine = Engine(EngineParams(kv_pool_tokens=2200))
     shared = prompt_blocks(conversation("s" * 3984))
-    engine.submit(EngineRequest("warm", shared, 1, 100))
+    engine.submit(ModelRequest("warm", shared, 1, 100))
     run_until_idle(engine)
     longer = prompt_blocks([*conversation("s" * 3984), {"role": "assistant", "content": "a" * 396}])
-    engine.submit(EngineRequest("reuses", longer, 50, 100))
+    engine.submit(ModelRequest("reuses", longer, 50, 100))
     engine.step()
     # A stranger needing the whole pool would have to evict the locked prefix: it waits instead.
     engine.submit(request("stranger", prompt=1000, max_tokens=100))
@@ -186,7 +186,7 @@ def test_a_running_request_keeps_its_prefix_from_eviction() -> None:
 def test_eviction_shortens_a_chain_from_its_end() -> None:
     engine = Engine(EngineParams(kv_pool_tokens=100_000))
     long = prompt_blocks(conversation("p" * 400, "q" * 400, "r" * 400))
-    engine.submit(EngineRequest("t", long, 1, 10))
+    engine.submit(ModelRequest("t", long, 1, 10))
     run_until_idle(engine)
     engine.cache.evict(1)
     assert engine.cache.match(long) == 2

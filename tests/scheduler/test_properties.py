@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from luftpause.fake_engine.engine import Engine, EngineRequest, Step
+from luftpause.fake_engine.engine import Engine, ModelRequest, Step
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.prefix_cache import Block
 from luftpause.scheduler import admission
@@ -826,7 +826,7 @@ class SimTurn:
     run_id: str
     service_class: ServiceClass
     caller: str
-    request: EngineRequest
+    request: ModelRequest
     last: bool  # the run's last turn: it ends in text; the others end in a tool call
 
 
@@ -955,7 +955,7 @@ class EngineWorld:
 
     def _arrive(self, run: SimRun, index: int) -> None:
         blocks = tuple(Block(f"{run.run_id}/{k}".encode(), run.prompts[k]) for k in range(index + 1))
-        request = EngineRequest(f"{run.run_id}-{index}", blocks, run.replies[index], max_tokens=64)
+        request = ModelRequest(f"{run.run_id}-{index}", blocks, run.replies[index], max_tokens=64)
         turn = SimTurn(
             request.request_id,
             run.run_id,
