@@ -98,6 +98,21 @@ def placement(action: Place | Refuse) -> pb.Placement:
     return pb.Placement(turn_id=action.turn_id, reply=reply)
 
 
+@dataclasses.dataclass(slots=True)
+class DataplaneSeen:
+    """What the host knows of one dataplane (by the name it gives; "" for a single unnamed one)."""
+
+    streams: int = 0  # Turns streams open now
+    resyncs: int = 0
+    # What its last resync carried.
+    runs: int = 0
+    turns: int = 0
+
+    def document(self, name: str) -> dict[str, Any]:
+        return {"name": name, "streams": self.streams, "resyncs": self.resyncs,
+                "last_resync": {"runs": self.runs, "turns": self.turns}}  # fmt: skip
+
+
 class SchedulerHost:
     """Holds the current state, feeds it events, and carries out the actions that come back."""
 
@@ -106,6 +121,7 @@ class SchedulerHost:
         self.clock = clock
         self.state = State()
         self.identity = RunIdentity()
+        self.dataplanes: dict[str, DataplaneSeen] = {}
         # The stream each held turn's answer goes to.
         self._waiting: dict[str, Link] = {}
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
@@ -173,6 +189,8 @@ class SchedulerHost:
         """Replaces what came through `dataplane` with its view (the core's `Resynced`), and the
         tool_call_ids of the runs it names with its word on them."""
         self.feed(resynced(request, self.clock(), dataplane))
+        seen = self.dataplanes.setdefault(dataplane, DataplaneSeen())
+        seen.resyncs, seen.runs, seen.turns = seen.resyncs + 1, len(request.runs), len(request.turns)
         runs = self.state.runs
         self.identity.keep_only(runs)
         for r in request.runs:
@@ -186,10 +204,17 @@ class SchedulerHost:
             link.waiting.pop(turn_id, None)
         self.feed(ev.TurnAbandoned(turn_id, run_id, self.clock()))
 
+    def connect(self, link: Link) -> None:
+        self.dataplanes.setdefault(link.dataplane, DataplaneSeen()).streams += 1
+
+    def dataplane_documents(self) -> list[dict[str, Any]]:
+        return [seen.document(name) for name, seen in sorted(self.dataplanes.items())]
+
     def disconnect(self, link: Link) -> None:
         """A stream ended: the turns still waiting on it are abandoned, as their dataplane is gone
         (or will admit them again, under the same ids, once it has reconnected and resynced)."""
         link.close()
+        self.dataplanes[link.dataplane].streams -= 1
         for turn_id, run_id in list(link.waiting.items()):
             if self._waiting.get(turn_id) is link:
                 self.abandon(turn_id, run_id)
@@ -277,6 +302,7 @@ class SchedulerService(rpc.SchedulerServicer):
 
     async def Turns(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN201
         link = Link(dataplane_of(context))
+        self.host.connect(link)
         reader = asyncio.ensure_future(self._read(request_iterator, link))
         try:
             while True:
@@ -435,7 +461,9 @@ async def _main(config: _config.Config) -> None:
 
     status = _StatusServer(
         uvicorn.Config(
-            HostGuard(build_app(lambda: host.state, host.clock, token), allowed_hosts(config)),
+            HostGuard(
+                build_app(lambda: host.state, host.clock, token, host.dataplane_documents), allowed_hosts(config)
+            ),
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -3,7 +3,8 @@
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
 limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
 running and waiting counts; the turns held here by class and by caller with the oldest wait; and
-the runs by phase, by class and by caller. `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
+the runs by phase, by class and by caller; each dataplane connected (its name, Turns streams
+open, resyncs and what the last one carried). `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
 runtime's own GET /status (which sends the CORS headers that allow it). With `LUFTPAUSE_TOKEN` set
@@ -115,8 +116,15 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(message), status_code=status)
 
 
-def build_app(current: Callable[[], State], clock: Callable[[], float], token: str | None = None) -> FastAPI:
-    """The status app; `current` returns the host's state now, `clock` the time on the events' clock.
+def build_app(
+    current: Callable[[], State],
+    clock: Callable[[], float],
+    token: str | None = None,
+    dataplanes: Callable[[], list[dict[str, Any]]] | None = None,
+) -> FastAPI:
+    """The status app; `current` returns the host's state now, `clock` the time on the events'
+    clock, `dataplanes` what the host knows of the dataplanes connected to it (`dataplanes` in
+    the document: each one's open Turns streams, its resyncs and what the last one carried).
 
     With `token`, the documents need it as a bearer (401 otherwise); the page itself holds no
     data and stays open, and sends the token it is given as `/?token=...` with its requests.
@@ -141,7 +149,10 @@ def build_app(current: Callable[[], State], clock: Callable[[], float], token: s
 
     @app.get("/status", dependencies=[Depends(authorized)])
     async def status() -> JSONResponse:
-        return JSONResponse(status_document(current(), clock()))
+        doc = status_document(current(), clock())
+        if dataplanes is not None:
+            doc["dataplanes"] = dataplanes()
+        return JSONResponse(doc)
 
     @app.get("/status/runs/{run_id}", dependencies=[Depends(authorized)])
     async def run(run_id: str) -> JSONResponse:

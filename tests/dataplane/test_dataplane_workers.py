@@ -45,9 +45,15 @@ class Stack:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         return [int(c) for c in children]
 
+    def status(self) -> dict:
+        return httpx.get(f"http://127.0.0.1:{self.ports.status}/status", timeout=5).json()
+
     def in_flight(self) -> int:
-        doc = httpx.get(f"http://127.0.0.1:{self.ports.status}/status", timeout=5).json()
-        return sum(r["in_flight"] for r in doc["replicas"])
+        return sum(r["in_flight"] for r in self.status()["replicas"])
+
+    def resyncs(self) -> dict[str, tuple[int, int]]:
+        """Each dataplane the scheduler knows, by name: (its resyncs, its Turns streams open)."""
+        return {d["name"]: (d["resyncs"], d["streams"]) for d in self.status()["dataplanes"]}
 
 
 @pytest.fixture
@@ -70,8 +76,9 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         scheduler.wait_http(f"http://127.0.0.1:{ports.status}/status")
         dataplane.wait_http(f"{s.url}/health")
         wait_until(lambda: len(s.workers()) == 2, what="two workers")
-        # Both workers connected to the scheduler (each says so once it has resynced).
-        wait_until(lambda: scheduler.output().count("resynced from") >= 2, what="both workers' resyncs")
+        # Both workers connected to the scheduler, each under its own name.
+        names = [f"127.0.0.1:{ports.dataplane}/{k}" for k in (0, 1)]
+        wait_until(lambda: s.resyncs() == {n: (1, 1) for n in names}, what="both workers' resyncs")
         yield s
 
 
@@ -145,12 +152,11 @@ def test_a_worker_dying_leaves_the_other_workers_turns_counted_and_they_finish(s
         )
     # The engine stands still until the restart is over, so the turn is still running through it.
     stack.engine.send_signal(signal.SIGSTOP)
-    resyncs = stack.scheduler.output().count("resynced from")
+    second_name = f"127.0.0.1:{stack.ports.dataplane}/1"
     os.kill(second, signal.SIGKILL)
     wait_until(lambda: second not in stack.workers() and len(stack.workers()) == 2, timeout_s=15,
                what="the second worker started again")  # fmt: skip
-    wait_until(lambda: stack.scheduler.output().count("resynced from") > resyncs, timeout_s=15,
-               what="the new worker's resync")  # fmt: skip
+    wait_until(lambda: stack.resyncs()[second_name] == (2, 1), timeout_s=15, what="the new worker's resync")
     # Its resync said nothing of the first worker's turn: still counted on its replica.
     assert stack.in_flight() == 1
     stack.engine.send_signal(signal.SIGCONT)

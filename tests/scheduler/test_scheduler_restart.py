@@ -190,7 +190,6 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
         killed_at = time.monotonic()
         scheduler.kill(signal.SIGKILL)
         assert sum(not a.done for a in agents) > 0, "the scheduler must die mid-run"
-        log_before_restart = len(scheduler.output())
         scheduler.start()
         scheduler.wait_http(status_url)
         wait_until(connected, what="the dataplane to resync with the restarted scheduler")
@@ -202,7 +201,9 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
             r"connected to scheduler at \S+ \(resynced (\d+) runs, (\d+) turns in flight\)",
             dataplane.output(),
         )
-        taken = _last(r"resynced: (\d+) runs, (\d+) turns in flight", scheduler.output()[log_before_restart:])
+        (seen,) = httpx.get(status_url, timeout=5).json()["dataplanes"]
+        taken = (seen["last_resync"]["runs"], seen["last_resync"]["turns"])
+        assert (seen["resyncs"], seen["streams"]) == (1, 1)
         assert taken == sent
         assert sent[0] == AGENTS, "every run the dataplane knew was resynced"
         assert sent[1] == in_flight_at_kill > 0, "the turns running on the engines were resynced"
