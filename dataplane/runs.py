@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from luftpause.lifecycle import RUN_IDLE_EXPIRY_S, pauses_run
+from luftpause.lifecycle import RUN_IDLE_EXPIRY_S, Phase, pauses_run, phase_after_turn
 from luftpause.proto import pb
 
+_PB_PHASES = {Phase.IDLE: pb.IDLE, Phase.GENERATING: pb.GENERATING, Phase.PAUSED: pb.PAUSED}
 # How often runs past the idle expiry are let go.
 PRUNE_PERIOD_S = 60.0
 # Each Resync message stays under this, a quarter of gRPC's default message limit.
@@ -85,18 +86,14 @@ class RunBook:
         if kind not in ("completed", "failed", "abandoned"):
             return
         self._finish(event.turn_id)
-        if run is not None and kind == "completed" and event.completed.tool_call_ids:
-            run.tool_call_ids = tuple(event.completed.tool_call_ids)
-        if run is None or self._turn_count.get(run.run_id):
-            # Another turn of the run is still generating; its own end decides the phase.
+        if run is None:
             return
-        if kind == "completed":
-            # A reply ending in tool calls pauses the run: the agent will come back with the results.
-            paused = pauses_run(event.completed.finish_reason, event.completed.tool_call_ids)
-            run.phase = pb.PAUSED if paused else pb.IDLE
-        else:
-            # A failed turn leaves its run idle, never paused, so a retry is admitted like any turn.
-            run.phase = pb.IDLE
+        completed = event.completed if kind == "completed" else None
+        if completed is not None and completed.tool_call_ids:
+            run.tool_call_ids = tuple(completed.tool_call_ids)
+        paused = completed is not None and pauses_run(completed.finish_reason, completed.tool_call_ids)
+        phase = phase_after_turn(paused, others_running=bool(self._turn_count.get(run.run_id)))
+        run.phase = _PB_PHASES[phase]
 
     def forget_run(self, run_id: str) -> None:
         # Its turns still in flight stay: they hold engine slots until they are reported done.

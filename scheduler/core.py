@@ -330,11 +330,11 @@ def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
 
 
 def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
-    _end_turn(tx, e.turn_id, e.at, _PAUSED if e.paused_on_tool else _IDLE, freed_engine_room=True)
+    _end_turn(tx, e.turn_id, e.at, e.paused_on_tool, freed_engine_room=True)
 
 
 def _turn_failed(tx: _Tx, e: TurnFailed | TurnAbandoned, actions: list[Action]) -> None:
-    _end_turn(tx, e.turn_id, e.at, _IDLE)
+    _end_turn(tx, e.turn_id, e.at, False)
 
 
 def _end_kept(tx: _Tx) -> None:
@@ -359,7 +359,7 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
         placed_at, _, turn_id = tx.placed_order.first()
         if e.at - placed_at < TURN_TIMEOUT_S:
             break
-        turn = _end_turn(tx, turn_id, e.at, _IDLE, touch=False)
+        turn = _end_turn(tx, turn_id, e.at, False, touch=False)
         assert turn is not None and turn.replica is not None
         actions.append(TurnExpired(turn.turn_id, turn.run_id, turn.replica))
     while tx.quiet_order:
@@ -545,9 +545,10 @@ def _add_turn(tx: _Tx, turn: Turn) -> None:
 
 
 def _end_turn(
-    tx: _Tx, turn_id: str, at: float, phase: Phase, *, touch: bool = True, freed_engine_room: bool = False
+    tx: _Tx, turn_id: str, at: float, paused_on_tool: bool, *, touch: bool = True, freed_engine_room: bool = False
 ) -> Turn | None:
-    """Removes a turn (held or placed) and moves its run to `phase` unless another turn of it still runs.
+    """Removes a turn (held or placed) and moves its run to the phase `lifecycle.phase_after_turn`
+    gives (`paused_on_tool`: it completed in tool calls).
 
     `freed_engine_room`: the turn ran to its end in the engine, so the engine has room for the
     next of ours in its queue (see `_confirm_next`).
@@ -566,7 +567,7 @@ def _end_turn(
     tx.turns = tx.turns.delete(turn_id)
     run = tx.runs.get(turn.run_id) if tracked else None
     if run is not None:
-        phase = _GENERATING if turn.run_id in tx.run_placed else phase
+        phase = lifecycle.phase_after_turn(paused_on_tool, others_running=turn.run_id in tx.run_placed)
         kept_until = (
             at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if phase is _PAUSED else None
         )

@@ -20,6 +20,7 @@ from immutables import Map
 
 from luftpause import lifecycle
 from luftpause.config import LOOKAHEAD
+from luftpause.lifecycle import Phase
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 
 
@@ -40,14 +41,6 @@ class Kind(StrEnum):
     def title(self) -> str:
         """The name used in messages clients see, e.g. "no Generative replica serves model ..."."""
         return "Generative" if self is Kind.GENERATIVE else "SinglePass"
-
-
-class Phase(StrEnum):
-    """Where a run is between its turns; decides whether it is pinned to its replica."""
-
-    GENERATING = "generating"  # a turn of it is placed and not yet reported done
-    PAUSED = "paused"  # its last turn ended in tool calls: it will come back, soon
-    IDLE = "idle"  # anything else: it may go anywhere next time
 
 
 class TurnStatus(StrEnum):
