@@ -177,7 +177,7 @@ class Proxy:
     def end_run(self, run_id: str) -> None:
         """The agent says the run is over: the scheduler forgets it (and its tool_call_ids) now
         rather than in 30 minutes."""
-        self.scheduler.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+        self.scheduler.run_ended(run_id)
 
     async def read_request(
         self, scope: Scope, receive: Receive, send: Send, route: str
@@ -443,10 +443,8 @@ class Proxy:
     # -- reporting: what happened to a turn, told to the scheduler and counted in the metrics --
 
     def started(self, turn: ProxiedTurn) -> None:
-        """The engine request goes out now. For a streamed reply the scheduler learns nothing
-        from this that its first token will not say (admission.py), so it travels with the
-        next event rather than in a message of its own."""
-        self._report(turn, urgent=not turn.streamed, started=pb.TurnStarted(streamed=turn.streamed))
+        """The engine request goes out now."""
+        self.scheduler.started(turn.id, turn.scheduler_run_id, turn.streamed)
         turn.sent_at = time.perf_counter()
 
     def first_token(self, turn: ProxiedTurn) -> None:
@@ -455,10 +453,11 @@ class Proxy:
             return
         turn.first_token_seen = True
         self.metrics.first_token(headers.class_name(turn.service_class), time.perf_counter() - turn.sent_at)
-        self._report(turn, first_token=pb.FirstToken())
+        self.scheduler.first_token(turn.id, turn.scheduler_run_id)
 
     def failed(self, turn: ProxiedTurn, error: str) -> None:
-        self._end(turn, "failed", failed=pb.TurnFailed(error=error))
+        if self._end(turn, "failed"):
+            self.scheduler.failed(turn.id, turn.scheduler_run_id, error)
 
     def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
         """A reply that came back whole: completed (its first token first, if not told yet), or
@@ -468,24 +467,24 @@ class Proxy:
             return
         if observation.first_token:
             self.first_token(turn)
-        completed = pb.TurnCompleted(
-            finish_reason=observation.finish_reason,
-            prompt_tokens=observation.prompt_tokens,
-            completion_tokens=observation.completion_tokens,
-            tool_call_ids=observation.tool_call_ids,
-        )
-        self._end(turn, "completed", completed=completed)
+        if self._end(turn, "completed"):
+            self.scheduler.completed(
+                turn.id,
+                turn.scheduler_run_id,
+                observation.finish_reason,
+                observation.prompt_tokens,
+                observation.completion_tokens,
+                observation.tool_call_ids,
+            )
 
-    def _end(self, turn: ProxiedTurn, outcome: str, **event: Any) -> None:
+    def _end(self, turn: ProxiedTurn, outcome: str) -> bool:
+        """Counts the turn's outcome once; False when it had already ended (nothing to report)."""
         if turn.ended:
-            return
+            return False
         turn.ended = True
         self.metrics.in_flight.dec()
         self.metrics.ended(turn.route, outcome)
-        self._report(turn, **event)
-
-    def _report(self, turn: ProxiedTurn, urgent: bool = True, **event: Any) -> None:
-        self.scheduler.report(pb.TurnEvent(turn_id=turn.id, run_id=turn.scheduler_run_id, **event), urgent)
+        return True
 
     # -- helpers --
 

@@ -140,10 +140,43 @@ class SchedulerClient:
         if waiting is not None and not waiting[1].done():
             waiting[1].set_result(placement.reply)
 
-    # -- reporting --
+    # -- reporting: what happened to a placed turn, and to a run --
 
     def placed(self, turn: PlacedTurn) -> None:
         self.runs.placed(turn)
+
+    def started(self, turn_id: str, run_id: str, streamed: bool) -> None:
+        """The engine request went out. For a streamed reply the scheduler learns nothing from
+        this that the first token will not say (admission.py), so it is not urgent: it travels
+        with the next event rather than in a message of its own."""
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted(streamed=streamed)),
+                    urgent=not streamed)  # fmt: skip
+
+    def first_token(self, turn_id: str, run_id: str) -> None:
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken()))
+
+    def completed(
+        self,
+        turn_id: str,
+        run_id: str,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        tool_call_ids: list[str],
+    ) -> None:
+        completed = pb.TurnCompleted(
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            tool_call_ids=tool_call_ids,
+        )
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed))
+
+    def failed(self, turn_id: str, run_id: str, error: str) -> None:
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(error=error)))
+
+    def run_ended(self, run_id: str) -> None:
+        self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
 
     def report(self, event: pb.TurnEvent, urgent: bool = True) -> None:
         """Records the event in the run book and queues it for the scheduler; never blocks.
