@@ -15,9 +15,9 @@ step() { printf '\n== %s\n' "$*"; }
 step "lint (ruff)"
 "$py" -m ruff check .
 
-step "types (mypy, the CLI package)"
+step "types (mypy, tools/typecheck.sh)"
 if "$py" -m mypy --version >/dev/null 2>&1; then
-  "$py" -m mypy --ignore-missing-imports luftpause/
+  PYTHON="$py" tools/typecheck.sh
 else
   echo "skipped: mypy is not installed ($py -m pip install mypy)"
 fi
