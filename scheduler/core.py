@@ -146,7 +146,7 @@ def decide(state: State, event: Event) -> Decision:
 
 def refusal_message(kind: Kind, model: str) -> str:
     """What a client sees when no replica of `kind` serves `model` (404 at the dataplane)."""
-    return f"no {kind.title} replica serves model '{model}'"
+    return f"no {kind.label} replica serves model '{model}'"
 
 
 def replay(events: Iterable[Event], state: State | None = None) -> tuple[State, list[Action]]:
@@ -398,29 +398,29 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
     turns = {
         t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane
     }
-    for r in e.turns:
-        replica = tx.replicas.get(r.replica)
+    for t in e.turns:
+        replica = tx.replicas.get(t.replica)
         if replica is None:
             continue  # a replica no longer in the pool: nothing to count it against
-        held = turns.get(r.turn_id)
+        held = turns.get(t.turn_id)
         if held is not None and held.status is not _HELD:
             continue  # placed for another dataplane: that one speaks for it
         if held is not None:
             # The dataplane already runs a turn we were holding: answer its waiting admission with that.
-            actions.append(Place(r.turn_id, r.run_id, r.replica, replica.url, e.at - held.arrived_at))
+            actions.append(Place(t.turn_id, t.run_id, t.replica, replica.url, e.at - held.arrived_at))
         else:
             tx.next_seq += 1
-        turns[r.turn_id] = Turn(
-            r.turn_id,
-            r.run_id,
-            r.service_class,
-            r.caller,
-            r.model,
-            r.kind,
+        turns[t.turn_id] = Turn(
+            t.turn_id,
+            t.run_id,
+            t.service_class,
+            t.caller,
+            t.model,
+            t.kind,
             held.arrived_at if held else e.at,
             held.seq if held else tx.next_seq - 1,
             _PLACED,
-            r.replica,
+            t.replica,
             e.at,
             dataplane=e.dataplane,
         )
@@ -487,7 +487,7 @@ def _group(tx: _Tx, turn: Turn) -> Group:
     return Group(turn.kind, turn.model, pin, turn.service_class)
 
 
-def _bump(counts: Map, key: str, delta: int) -> Map:
+def _bump(counts: Map[str, int], key: str, delta: int) -> Map[str, int]:
     n = counts.get(key, 0) + delta
     return counts.set(key, n) if n else counts.delete(key)
 
@@ -502,6 +502,7 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
             tx.may_place = True
         if now_paused is not None:
             tx.paused_by_replica = _bump(tx.paused_by_replica, now_paused, 1)
+    # `_paused_at` is not None only for a run: mypy cannot tell, and a check here would cost.
     old_kept = old.kept_until if was_paused is not None else None  # type: ignore[union-attr]
     new_kept = new.kept_until if now_paused is not None else None  # type: ignore[union-attr]
     if old_kept != new_kept:
@@ -767,11 +768,19 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
     """Replaces every run and turn, rebuilding the indexes from nothing (pool change, resync)."""
     tx.runs = Map()
     tx.turns = Map()
-    tx.in_flight_by_replica = tx.in_flight_by_caller = tx.paused_by_replica = Map()
-    tx.held_queues = tx.held_groups = tx.caller_groups = Map()
-    tx.lanes = tx.run_lanes = tx.run_open = tx.run_placed = Map()
+    tx.in_flight_by_replica = Map()
+    tx.in_flight_by_caller = Map()
+    tx.paused_by_replica = Map()
+    tx.held_queues = Map()
+    tx.held_groups = Map()
+    tx.caller_groups = Map()
+    tx.lanes = Map()
+    tx.run_lanes = Map()
+    tx.run_open = Map()
+    tx.run_placed = Map()
     tx.placed_order = tx.quiet_order = EMPTY
-    tx.unconfirmed = tx.unconfirmed_interactive = Map()
+    tx.unconfirmed = Map()
+    tx.unconfirmed_interactive = Map()
     tx.kept_order = EMPTY
     for run in runs:
         _set_run(tx, run.run_id, run)

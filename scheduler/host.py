@@ -23,8 +23,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import uvicorn
@@ -263,7 +263,7 @@ def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
     }
 
 
-def dataplane_of(context: grpc.aio.ServicerContext) -> str:
+def dataplane_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The name a call's dataplane gives itself; "" for a single unnamed one."""
     for key, value in context.invocation_metadata() or ():
         if key == DATAPLANE_KEY:
@@ -300,7 +300,11 @@ class SchedulerService(rpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
 
-    async def Turns(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN201
+    async def Turns(
+        self,
+        request_iterator: AsyncIterable[pb.DataplaneBatch],
+        context: grpc.aio.ServicerContext[pb.DataplaneBatch, pb.SchedulerBatch],
+    ) -> None:
         link = Link(dataplane_of(context))
         self.host.connect(link)
         reader = asyncio.ensure_future(self._read(request_iterator, link))
@@ -315,10 +319,10 @@ class SchedulerService(rpc.SchedulerServicer):
         finally:
             reader.cancel()
             self.host.disconnect(link)
-        if not reader.cancelled() and reader.exception() is not None:
-            raise reader.exception()  # type: ignore[misc]
+        if not reader.cancelled() and (error := reader.exception()) is not None:
+            raise error
 
-    async def _read(self, request_iterator, link: Link) -> None:  # noqa: ANN001
+    async def _read(self, request_iterator: AsyncIterable[pb.DataplaneBatch], link: Link) -> None:
         try:
             async for batch in request_iterator:
                 for item in batch.items:
@@ -344,7 +348,11 @@ class SchedulerService(rpc.SchedulerServicer):
         if event is not None:
             host.report(event)
 
-    async def Resync(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
+    async def Resync(
+        self,
+        request_iterator: AsyncIterable[pb.ResyncRequest],
+        context: grpc.aio.ServicerContext[pb.ResyncRequest, pb.ResyncReply],
+    ) -> pb.ResyncReply:
         # The whole view first: a stream that breaks off before its end leaves the state as it was.
         whole = pb.ResyncRequest()
         async for chunk in request_iterator:
@@ -358,6 +366,11 @@ class SchedulerService(rpc.SchedulerServicer):
         return pb.ResyncReply(runs=len(state.runs), turns=len(state.placed()))
 
 
+# The request and response messages of whichever call an interceptor or handler sees.
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
 class BearerCheck(grpc.aio.ServerInterceptor):
     """Refuses (UNAUTHENTICATED) every call whose metadata lacks `authorization: Bearer <token>`,
     compared in constant time as the dataplane compares its clients' (dataplane/auth.py)."""
@@ -365,19 +378,27 @@ class BearerCheck(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token.encode()
 
-    async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001 (gRPC's types)
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
         authorization = metadata.get("authorization")
-        if handler is None or bearer_matches(authorization.encode() if authorization else None, self._token):
+        if isinstance(authorization, str):  # gRPC gives bytes only for keys ending in -bin
+            authorization = authorization.encode()
+        if handler is None or bearer_matches(authorization or None, self._token):
             return handler
         return _refusing(handler)
 
 
-def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _refusing(handler: grpc.RpcMethodHandler[_Req, _Resp]) -> grpc.RpcMethodHandler[_Req, _Resp]:
     """A handler of the same shape as `handler` that answers UNAUTHENTICATED and does nothing else."""
 
-    async def refuse(request, context: grpc.aio.ServicerContext):  # noqa: ANN001, ANN202
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[_Req, _Resp]) -> None:
         if handler.request_streaming:
             # Read what the client sends (for a moment at most) before answering: a stream closed
             # under a client still writing reaches it as INTERNAL, not as the refusal.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from immutables import Map
 
@@ -38,7 +38,7 @@ class Kind(StrEnum):
     SINGLE_PASS = "single-pass"
 
     @property
-    def title(self) -> str:
+    def label(self) -> str:
         """The name used in messages clients see, e.g. "no Generative replica serves model ..."."""
         return "Generative" if self is Kind.GENERATIVE else "SinglePass"
 
@@ -179,7 +179,7 @@ class Lane(NamedTuple):
     service_class: ServiceClass
     caller: str
 
-_NO_MAP: Map = Map()
+_NO_MAP: Map[Any, Any] = Map()
 
 
 class State(NamedTuple):
