@@ -108,7 +108,7 @@ async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> li
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no Turns stream to the scheduler at {target} within 10 s")
             await asyncio.sleep(0.01)
-        never: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         latencies: list[float] = []
         counter = iter(range(warmup + turns))
 

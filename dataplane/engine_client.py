@@ -495,5 +495,5 @@ class EngineClient:
             raise EngineUnreachable(f"connect to {origin.authority} failed: {reason}") from None
         # Some event loops (uvloop) call connection_made only after create_connection returned.
         if conn.transport is None:
-            conn.transport = cast(asyncio.Transport, transport)
+            conn.transport = transport
         return conn, False

@@ -76,13 +76,17 @@ def with_priority(body: bytes, priority: int) -> bytes:
     A body that does not open with `{` in UTF-8 (a UTF-16 or UTF-32 one, which JSON parsers
     also accept, has NUL bytes in its first four) is returned unchanged.
     """
-    brace = _SPACE.match(body).end()
+    space = _SPACE.match(body)
+    assert space is not None  # the pattern matches the empty string too: never None
+    brace = space.end()
     if body[brace : brace + 1] != b"{" or b"\x00" in body[:4]:
         return body
     after = brace + 1
     member = b'"priority":%d' % priority
     # `{}` takes no comma; a turn's body never is one, but the insertion must stay valid JSON.
-    first = _SPACE.match(body, after).end()
+    space = _SPACE.match(body, after)
+    assert space is not None
+    first = space.end()
     if body[first : first + 1] != b"}":
         member += b","
     return b"".join((body[:after], member, memoryview(body)[after:]))

@@ -600,7 +600,7 @@ async def _unless_client_leaves(work: Awaitable[T], client_left: asyncio.Future[
     """The result of `work`, or ClientLeft (with `work` cancelled) when the client goes first."""
     task = asyncio.ensure_future(work)
     try:
-        await asyncio.wait({task, client_left}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, client_left), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
         raise

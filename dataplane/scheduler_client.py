@@ -73,7 +73,7 @@ class SchedulerClient:
         self._outbox: list[pb.DataplaneItem] = []
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
-        self._call: grpc.aio.StreamStreamCall | None = None
+        self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
         self._stream_task: asyncio.Task[None] | None = None
         self._outage_logged = False
 
@@ -97,9 +97,7 @@ class SchedulerClient:
 
     # -- admission --
 
-    async def admit(
-        self, request: pb.AdmitRequest, abandoned: asyncio.Future[object]
-    ) -> pb.AdmitReply | None:
+    async def admit(self, request: pb.AdmitRequest, abandoned: asyncio.Future[None]) -> pb.AdmitReply | None:
         """Waits until the scheduler places the turn; raises UnknownModel or SchedulerFailed.
 
         While the scheduler is unreachable the turn waits here, and is admitted again under the
@@ -114,7 +112,7 @@ class SchedulerClient:
         self._pending[request.turn_id] = (request, placed)
         self._send(pb.DataplaneItem(admit=request))
         try:
-            await asyncio.wait({placed, abandoned}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((placed, abandoned), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             self._withdraw(request)
             raise
@@ -196,7 +194,7 @@ class SchedulerClient:
 
     # -- the stream --
 
-    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _write(self, call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch]) -> None:
         """Writes whatever is ready in one message each time the stream is free. A write that
         fails ends the stream, so that its reader ends too and the stream is opened again."""
         try:

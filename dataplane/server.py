@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from typing import TYPE_CHECKING
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -42,7 +43,15 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
     return head.encode("latin-1") + body
 
 
-class _Guard:
+# The protocol _Guard is mixed into, as its base for the type checker only: at run time the mixin
+# stays a plain class in front of it (GuardedHttpToolsProtocol's bases).
+if TYPE_CHECKING:
+    _Protocol = HttpToolsProtocol
+else:
+    _Protocol = object
+
+
+class _Guard(_Protocol):
     """The head deadline and the connection limit (see the module), over a uvicorn protocol
     that calls `_head_arrived` once a request's whole head is parsed."""
 
@@ -50,11 +59,13 @@ class _Guard:
     max_connections: int = 0  # 0: no limit
     _head_deadline: asyncio.TimerHandle | None = None
 
+    # asyncio's stub types the argument as any BaseTransport; a stream protocol is given a Transport,
+    # which uvicorn's own override (the same ignore) relies on too.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[misc]
-        if self.max_connections and len(self.connections) > self.max_connections:  # type: ignore[attr-defined]
+        super().connection_made(transport)
+        if self.max_connections and len(self.connections) > self.max_connections:
             log.warning("refused a connection: %d open, the limit is %d",
-                        len(self.connections) - 1, self.max_connections)  # type: ignore[attr-defined]  # fmt: skip
+                        len(self.connections) - 1, self.max_connections)  # fmt: skip
             transport.write(
                 _raw_response(
                     503,
@@ -68,13 +79,13 @@ class _Guard:
         self._await_head()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # type: ignore[misc]
-        if not self.transport.is_closing():  # type: ignore[attr-defined]
+        super().on_response_complete()
+        if not self.transport.is_closing():
             self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)
 
     def _head_arrived(self) -> None:
         if self._head_deadline is not None:
@@ -83,11 +94,11 @@ class _Guard:
 
     def _await_head(self) -> None:
         self._head_arrived()
-        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_late)  # type: ignore[attr-defined]
+        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_late)
 
     def _head_too_late(self) -> None:
         self._head_deadline = None
-        transport = self.transport  # type: ignore[attr-defined]
+        transport = self.transport
         if transport.is_closing():
             return
         transport.write(
