@@ -38,13 +38,13 @@ class EngineCollector:
     def collect(self) -> Iterable[Metric]:
         load = self._engine.load()
         if self._flavour == "sglang":
-            gauges = (
+            gauges: tuple[tuple[str, str, float], ...] = (
                 ("sglang:num_running_reqs", "The number of running requests.", load.running),
                 ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", load.waiting),
                 ("sglang:token_usage", "The token usage, a fraction of the KV pool.", load.token_usage),
                 ("sglang:cache_hit_rate", "The prefix cache hit rate.", load.cache_hit_rate),
             )
-            counters = (
+            counters: tuple[tuple[str, str, float], ...] = (
                 ("sglang:prompt_tokens", "Number of prefill tokens processed.", load.prompt_tokens_total),
                 (
                     "sglang:generation_tokens",

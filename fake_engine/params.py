@@ -10,6 +10,7 @@ overrides from $LUFTPAUSE_FAKE_ENGINE_TIMING, written `field=value,field=value`.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def params_from_env(spec: str, base: EngineParams | None = None) -> EngineParams
     Tests that need a slow engine in a separate process set these through the environment.
     """
     defaults = base or EngineParams()
-    overrides: dict[str, float | int | bool] = {}
+    # Each value has its field's type (checked above), which a single value type cannot say.
+    overrides: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, sep, value = item.partition("=")
         key = key.strip()

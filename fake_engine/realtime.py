@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from luftpause.fake_engine.engine import Engine, EngineLoad, ModelRequest
 from luftpause.fake_engine.params import EngineParams
@@ -41,7 +41,7 @@ class Generation:
         self.rejected = self.rejected or rejected
         self._changed.set()
 
-    async def tokens(self) -> AsyncIterator[int]:
+    async def tokens(self) -> AsyncGenerator[int, None]:
         """Tokens decoded so far, after each step that produced some; ends when the request is done."""
         seen = 0
         try:
