@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -26,6 +26,19 @@ from luftpause.config import DEFAULT_MODEL
 from luftpause.loadgen.conversation import MAX_TOKENS, TOOLS, first_messages, tool_result_message
 
 RETRY_PAUSE_S = 1.0
+
+
+class SummarySpec(Protocol):
+    """What `Tally.summary` reads of a load's spec: a `LoadSpec`, or the runtime flood's `FloodSpec`."""
+
+    @property
+    def agents(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def service_class(self) -> str: ...
+    @property
+    def caller(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,7 @@ class Tally:
             f"errors {self.errors}  {self.in_flight_label} {self.in_flight}"
         )
 
-    def summary(self, spec: LoadSpec) -> dict[str, Any]:
+    def summary(self, spec: SummarySpec) -> dict[str, Any]:
         def quantile(q: float) -> float | None:
             if not self.run_times:
                 return None
