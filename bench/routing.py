@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    per_arm = {
+    per_arm: dict[str, dict[str, Any]] = {
         arm: {
             "runs_per_min": _spread([x["runs_per_min"] for x in rows if x["arm"] == arm and x["counts"]]),
             "prefix_cache_share": _spread(

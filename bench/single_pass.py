@@ -85,6 +85,7 @@ async def measure(s: stacks.Stack, arm: str, concurrency: int, calls: int) -> li
     errors: list[str] = []
     counter = iter(range(calls))
     url, path = (s.single_pass_url, "/classify") if arm == "direct" else (s.front_url, "/v1/decide")
+    assert url is not None, "the direct arm needs a stack started with the single-pass engine"
     host, port = url.removeprefix("http://").split(":")
     head = f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n".encode()
 
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
     shutil.rmtree(logs, ignore_errors=True)
-    summary = {}
+    summary: dict[str, dict[str, Any]] = {}
     lines = [
         f"/v1/decide at the dataplane, {args.calls} decisions per cell, {args.repeats} repeat(s) interleaved, "
         f"classifier lookahead {'default' if args.classifier_lookahead is None else args.classifier_lookahead}; "

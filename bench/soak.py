@@ -222,7 +222,7 @@ def run(duration_s: float, every_s: float, agents: int, spawn: int, retention_s:
             agents_task = asyncio.create_task(_sub_agents(stack.mcp, spawn, started + duration_s, counts))
             while time.monotonic() - started < duration_s:
                 pids = stack.pids()
-                entry = {"t": round(time.monotonic() - started, 1), "services": {}}
+                entry: dict[str, Any] = {"t": round(time.monotonic() - started, 1), "services": {}}
                 for name in SERVICES:
                     if name in pids:
                         rss, fds = _sample(pids[name])

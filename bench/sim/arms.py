@@ -43,7 +43,7 @@ from luftpause.bench.sglang_router import BALANCE_ABS_THRESHOLD, BALANCE_REL_THR
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
-from luftpause.config import DEFAULT_MODEL
+from luftpause.config import DEFAULT_MODEL, LOOKAHEAD
 from luftpause.dataplane import headers
 from luftpause.dataplane.priority import Convention, priority_for
 from luftpause.fake_engine.prefix_cache import Block
@@ -206,7 +206,7 @@ class Luftpause(Arm):
                 kind=Kind.GENERATIVE,
                 models=(DEFAULT_MODEL,),
                 reports_load=self.reports_load,
-                **({} if self.lookahead is None else {"lookahead": self.lookahead}),
+                lookahead=LOOKAHEAD if self.lookahead is None else self.lookahead,
             )
             for name in self.order
         )

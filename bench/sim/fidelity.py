@@ -179,9 +179,9 @@ def cpu_use(before: CpuSnapshot, after: CpuSnapshot, single_threaded: set[str]) 
     if quota and before.cgroup_s is not None and after.cgroup_s is not None:
         quota_share = (after.cgroup_s - before.cgroup_s) / (wall * quota)
     cores = {
-        name: round((after.processes[name] - start) / wall, 2)
+        name: round((end - start) / wall, 2)
         for name, start in before.processes.items()
-        if start is not None and after.processes.get(name) is not None
+        if start is not None and (end := after.processes.get(name)) is not None
     }
     reasons = []
     if busy > SATURATED:
@@ -541,8 +541,8 @@ def report(
     ]
     for row in rows:
         real, sim = row["real"], row["sim"]
-        cores = real.get("process_cores") or {}
-        busiest = max(cores, key=cores.get) if cores else None
+        cores: dict[str, float] = real.get("process_cores") or {}
+        busiest = max(cores, key=cores.__getitem__) if cores else None
         lines.append(
             f"| {row['repeat'] + 1} | {row['arm']} | {cell(real.get('interactive_runs_per_min'))} / "
             f"{cell(sim['interactive_runs_per_min'])} | {cell(real.get('batch_runs_per_min'))} / "
