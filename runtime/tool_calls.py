@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # it ships no type stubs
+import jsonschema
 
 
 class ArgumentError(ValueError):
