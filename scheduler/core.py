@@ -86,7 +86,7 @@ from luftpause.scheduler.events import (
     TurnFailed,
     TurnStarted,
 )
-from luftpause.scheduler.ordered import EMPTY
+from luftpause.scheduler.ordered import EMPTY, SortedSet
 from luftpause.scheduler.state import (
     Group,
     Kind,
@@ -166,6 +166,33 @@ class _Tx:
     makes the new one. Only the helpers below change the facts (turns, runs), and each keeps
     the indexes that depend on what it changed current.
     """
+
+    # The state's fields, declared for the type checker only (no values: the slots hold them);
+    # tests/scheduler/test_core_fields.py keeps them the state's, name for name and type for type.
+    replicas: Map[str, Replica]
+    order: tuple[str, ...]
+    runs: Map[str, Run]
+    turns: Map[str, Turn]
+    next_seq: int
+    now: float
+    serving: Map[tuple[Kind, str], tuple[str, ...]]
+    routers_of: Map[str, tuple[str, ...]]
+    in_flight_by_replica: Map[str, int]
+    in_flight_by_caller: Map[str, int]
+    paused_by_replica: Map[str, int]
+    held_queues: Map[tuple[Group, str], SortedSet]
+    held_groups: Map[Group, SortedSet]
+    caller_groups: Map[str, frozenset[Group]]
+    lanes: Map[Lane, SortedSet]
+    run_lanes: Map[str, tuple[Lane, ...]]
+    run_open: Map[str, int]
+    run_placed: Map[str, int]
+    placed_order: SortedSet
+    quiet_order: SortedSet
+    unconfirmed: Map[str, SortedSet]
+    kept_order: SortedSet
+    pause_estimate: Map[str, float]
+    unconfirmed_interactive: Map[str, int]
 
     __slots__ = (*State._fields, "may_place", "entered")
 
