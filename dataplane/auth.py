@@ -39,5 +39,5 @@ async def refuse(scope: Scope, send: Send) -> None:
 
 def guarded(scope: Scope) -> bool:
     """Whether a request is for one of the /v1 routes the token guards."""
-    path = scope["path"]
+    path: str = scope["path"]
     return path == "/v1" or path.startswith("/v1/")
