@@ -20,7 +20,7 @@ from immutables import Map
 
 from luftpause import lifecycle
 from luftpause.config import LOOKAHEAD
-from luftpause.lifecycle import Phase
+from luftpause.lifecycle import Phase as Phase  # re-exported: the scheduler imports it from here
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 
 
