@@ -125,7 +125,9 @@ async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> li
                 if n >= warmup:
                     latencies.append(elapsed)
                 completed = pb.TurnCompleted(finish_reason="stop", prompt_tokens=10, completion_tokens=5)
-                client.report(pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, completed=completed))
+                client.report(
+                    pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, completed=completed)
+                )
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:

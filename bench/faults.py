@@ -60,7 +60,11 @@ async def _turn_answered(dataplane: str) -> bool:
         async with httpx.AsyncClient(timeout=10) as client:
             r = await client.post(
                 f"{dataplane}/v1/chat/completions",
-                json={"model": "fake-llama", "messages": [{"role": "user", "content": "drill probe"}], "max_tokens": 8},
+                json={
+                    "model": "fake-llama",
+                    "messages": [{"role": "user", "content": "drill probe"}],
+                    "max_tokens": 8,
+                },
             )
             return r.status_code == 200
     except httpx.HTTPError:
@@ -93,7 +97,9 @@ def run(gap_s: float, agents: int, spawn: int) -> dict[str, Any]:
 
         async def drill() -> None:
             started = time.monotonic()
-            waves = asyncio.create_task(_sub_agents_riding_out(stack.mcp, spawn, started + duration_s, counts))
+            waves = asyncio.create_task(
+                _sub_agents_riding_out(stack.mcp, spawn, started + duration_s, counts)
+            )
             health = _health_urls(stack.ports)
             for i, name in enumerate(VICTIMS, start=1):
                 await asyncio.sleep(max(0.0, started + i * gap_s - time.monotonic()))
@@ -105,7 +111,9 @@ def run(gap_s: float, agents: int, spawn: int) -> dict[str, Any]:
 
         asyncio.run(drill())
         after = stack.counts_after_load()
-        received = [json.loads(line) for line in calls.read_text().splitlines() if line] if calls.exists() else []
+        received = (
+            [json.loads(line) for line in calls.read_text().splitlines() if line] if calls.exists() else []
+        )
         twice = {k for k, n in Counter(c["key"] for c in received if c.get("key")).items() if n > 1}
         # A call made again is fine only when it had started before the runtime died and was made
         # again after (at least once): one answered and journaled before is never repeated.
@@ -131,7 +139,9 @@ async def _sub_agents_riding_out(url: str, per_wave: int, until: float, counts: 
             try:
                 async with Client(url) as client:
                     for i in range(per_wave):
-                        res = await client.call_tool("spawn", {"task": f"Drill wave {wave}, task {i}: a river."})
+                        res = await client.call_tool(
+                            "spawn", {"task": f"Drill wave {wave}, task {i}: a river."}
+                        )
                         if res.is_error:
                             counts["spawn_errors"] += 1
                         else:
@@ -141,7 +151,9 @@ async def _sub_agents_riding_out(url: str, per_wave: int, until: float, counts: 
         while True:
             try:
                 async with Client(url) as client:
-                    done = await client.call_tool("await", {"handles": handles, "mode": "all", "timeout": 300})
+                    done = await client.call_tool(
+                        "await", {"handles": handles, "mode": "all", "timeout": 300}
+                    )
                 break
             except Exception:  # noqa: BLE001 (the runtime died under the wait: await again once it is back)
                 counts["awaits_cut"] = counts.get("awaits_cut", 0) + 1
@@ -155,7 +167,9 @@ async def _sub_agents_riding_out(url: str, per_wave: int, until: float, counts: 
 def _table(record: dict[str, Any]) -> str:
     lines = ["| killed | healthy again after s | a turn answered after s |", "|---|---:|---:|"]
     for k in record["kills"]:
-        lines.append(f"| {k['service']} | {results.cell(k['back_healthy_s'])} | {results.cell(k['turn_answered_s'])} |")
+        lines.append(
+            f"| {k['service']} | {results.cell(k['back_healthy_s'])} | {results.cell(k['turn_answered_s'])} |"
+        )
     a = record["after"]
     lines += [
         "",

@@ -63,7 +63,9 @@ def body(arm: str, i: int) -> dict[str, Any]:
     return {"model": DEFAULT_MODEL, "input": text, "labels": LABELS}
 
 
-async def _post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> tuple[int, bytes]:
+async def _post(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes
+) -> tuple[int, bytes]:
     """One POST on a kept-alive connection; the status and the whole body (sent with a length)."""
     writer.write(head + f"content-length: {len(body)}\r\n\r\n".encode() + body)
     reply = await reader.readuntil(b"\r\n\r\n")

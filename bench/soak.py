@@ -129,8 +129,23 @@ class LoadedStack:
         """`agents` own-loop agents of each class, streaming, for `duration_s`, in the background."""
         self.loads = [
             subprocess.Popen(
-                [*self.CLI, "loadgen", "--url", self.dataplane, "--agents", str(agents), "--duration-s",
-                 str(duration_s), "--class", cls, "--caller", f"{caller}-{cls}", "--stream", "--seed", cls],  # fmt: skip
+                [
+                    *self.CLI,
+                    "loadgen",
+                    "--url",
+                    self.dataplane,
+                    "--agents",
+                    str(agents),
+                    "--duration-s",
+                    str(duration_s),
+                    "--class",
+                    cls,
+                    "--caller",
+                    f"{caller}-{cls}",
+                    "--stream",
+                    "--seed",
+                    cls,
+                ],  # fmt: skip
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -169,7 +184,9 @@ async def _sub_agents(url: str, per_wave: int, until: float, counts: dict[str, i
         async with Client(url) as client:
             handles = []
             for i in range(per_wave):
-                res = await client.call_tool("spawn", {"task": f"Soak wave {wave}, task {i}: look up a river."})
+                res = await client.call_tool(
+                    "spawn", {"task": f"Soak wave {wave}, task {i}: look up a river."}
+                )
                 if res.is_error:
                     counts["spawn_errors"] += 1
                     continue
@@ -210,7 +227,9 @@ def _plot(samples: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
-def run(duration_s: float, every_s: float, agents: int, spawn: int, retention_s: float | None = None) -> dict[str, Any]:
+def run(
+    duration_s: float, every_s: float, agents: int, spawn: int, retention_s: float | None = None
+) -> dict[str, Any]:
     extra = f"retention_s = {retention_s}" if retention_s is not None else ""
     with LoadedStack("luftpause-soak-", runtime_extra=extra) as stack:
         stack.own_loop_agents(agents, duration_s, "soak")
@@ -228,7 +247,9 @@ def run(duration_s: float, every_s: float, agents: int, spawn: int, retention_s:
                         rss, fds = _sample(pids[name])
                         entry["services"][name] = {"rss_mib": round(rss, 1), "fds": fds}
                 samples.append(entry)
-                line = "  ".join(f"{n} {v['rss_mib']:.0f}M/{v['fds']}fd" for n, v in entry["services"].items())
+                line = "  ".join(
+                    f"{n} {v['rss_mib']:.0f}M/{v['fds']}fd" for n, v in entry["services"].items()
+                )
                 print(f"\r[{entry['t']:>5.0f}/{duration_s:.0f} s] {line}", end="", flush=True)
                 await asyncio.sleep(every_s)
             await agents_task
@@ -238,8 +259,12 @@ def run(duration_s: float, every_s: float, agents: int, spawn: int, retention_s:
         after = stack.counts_after_load()
         growth = {
             name: {
-                "rss_mib": _growth([s["services"][name]["rss_mib"] for s in samples if name in s["services"]], every_s),
-                "fds": _growth([s["services"][name]["fds"] for s in samples if name in s["services"]], every_s),
+                "rss_mib": _growth(
+                    [s["services"][name]["rss_mib"] for s in samples if name in s["services"]], every_s
+                ),
+                "fds": _growth(
+                    [s["services"][name]["fds"] for s in samples if name in s["services"]], every_s
+                ),
             }
             for name in SERVICES
             if any(name in s["services"] for s in samples)
@@ -257,7 +282,9 @@ def _table(record: dict[str, Any]) -> str:
     ]
     for name, g in record["growth"].items():
         r, f = g["rss_mib"], g["fds"]
-        lines.append(f"| {name} | {r['first_min']} | {r['last_min']} | {r['growth']:+} | {f['first_min']} | {f['last_min']} |")
+        lines.append(
+            f"| {name} | {r['first_min']} | {r['last_min']} | {r['growth']:+} | {f['first_min']} | {f['last_min']} |"
+        )
     a = record["after"]
     lines.append("")
     lines.append(
@@ -273,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every-s", type=float, default=10.0)
     p.add_argument("--agents", type=int, default=8, help="own-loop agents per class")
     p.add_argument("--spawn", type=int, default=4, help="sub-agents per wave over MCP")
-    p.add_argument("--retention-s", type=float, help="the runtime's retention window (default: the config's, a day)")
+    p.add_argument(
+        "--retention-s", type=float, help="the runtime's retention window (default: the config's, a day)"
+    )
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     if not Path("/proc/self/status").exists():

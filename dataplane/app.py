@@ -140,7 +140,9 @@ def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | 
     settings = config.dataplane
     name = "" if worker is None else workers.worker_name(settings, worker)
     if worker is None:
-        log.info("dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler)
+        log.info(
+            "dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler
+        )
     else:
         log.info("dataplane worker %d (%s), scheduler at %s", worker, name, settings.scheduler)
     server.raise_fd_limit(settings.max_connections)

@@ -102,7 +102,9 @@ class _Origin:
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection, reading one reply at a time."""
 
-    def __init__(self, first_byte_timeout_s: float | None = None, idle_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, first_byte_timeout_s: float | None = None, idle_timeout_s: float | None = None
+    ) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._loop = asyncio.get_running_loop()

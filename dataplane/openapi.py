@@ -109,15 +109,25 @@ _DECIDE = {
                         "required": ["model", "input"],
                         "properties": {
                             "model": {"type": "string"},
-                            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-                            "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 20},
+                            "input": {
+                                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+                            },
+                            "labels": {
+                                "type": "array",
+                                "items": {"type": "string"},
+                                "minItems": 2,
+                                "maxItems": 20,
+                            },
                         },
                     }
                 }
             },
         },
         "responses": _responses(
-            {"description": "the classification (vLLM's /classify shape)", "content": {"application/json": {}}}
+            {
+                "description": "the classification (vLLM's /classify shape)",
+                "content": {"application/json": {}},
+            }
         ),
     }
 }

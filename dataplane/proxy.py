@@ -196,7 +196,9 @@ class Proxy:
         except ClientDisconnect:
             return None
         except TurnRefused as refusal:
-            answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(named or new_run_id())})
+            answer = Answer(
+                scope, receive, send, {headers.RUN_ID: headers.on_the_wire(named or new_run_id())}
+            )
             await self.refuse(answer, route, refusal)
             return None
         return request, named, body
@@ -436,7 +438,9 @@ class Proxy:
     async def _engine_unreachable(self, turn: ProxiedTurn, answer: Answer, error: EngineError) -> None:
         """The engine could not be reached or broke off before its reply began: a 502; or it
         never began its reply within the first-byte timeout: a 504."""
-        refusal = (ReplicaTooSlow if isinstance(error, EngineTimedOut) else ReplicaUnreachable)(turn.replica, error)
+        refusal = (ReplicaTooSlow if isinstance(error, EngineTimedOut) else ReplicaUnreachable)(
+            turn.replica, error
+        )
         self.failed(turn, refusal.message)
         await answer.refuse(refusal)
 

@@ -141,7 +141,9 @@ class RunBook:
             ],
         )
 
-    def resync_chunks(self, now: float | None = None, max_bytes: int = RESYNC_CHUNK_BYTES) -> list[pb.ResyncRequest]:
+    def resync_chunks(
+        self, now: float | None = None, max_bytes: int = RESYNC_CHUNK_BYTES
+    ) -> list[pb.ResyncRequest]:
         """`resync_request` split into messages of at most about `max_bytes` each (one at least)."""
         return split_resync(self.resync_request(now), max_bytes)
 

@@ -130,7 +130,9 @@ class SchedulerClient:
         """The client left before the placement was read: the scheduler is told the turn is
         abandoned, wherever it is (held, or placed with a reply we will never read)."""
         if self._pending.pop(request.turn_id, None) is not None:
-            self.report(pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()))
+            self.report(
+                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned())
+            )
 
     def _placed(self, placement: pb.Placement) -> None:
         # A placement for a turn withdrawn meanwhile is ignored: its abandon is on its way.

@@ -77,7 +77,13 @@ def _record(tool: str, query: str, ctx: Context) -> None:
     if not path:
         return
     meta = ctx.request_context.meta or {}
-    entry = {"tool": tool, "query": query, "key": meta.get(IDEMPOTENCY_META_KEY), "pid": os.getpid(), "at": time.time()}
+    entry = {
+        "tool": tool,
+        "query": query,
+        "key": meta.get(IDEMPOTENCY_META_KEY),
+        "pid": os.getpid(),
+        "at": time.time(),
+    }
     with open(path, "a") as f:
         f.write(json.dumps(entry) + "\n")
 

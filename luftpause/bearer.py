@@ -51,7 +51,9 @@ Refusal = Callable[[Scope, Send], Awaitable[None]]
 class BearerAuth:
     """ASGI middleware: a guarded request without one of `tokens` gets `refuse` instead of the app."""
 
-    def __init__(self, app: ASGIApp, tokens: Tokens, guarded: Callable[[Scope], bool], refuse: Refusal) -> None:
+    def __init__(
+        self, app: ASGIApp, tokens: Tokens, guarded: Callable[[Scope], bool], refuse: Refusal
+    ) -> None:
         self.app, self.tokens, self.guarded, self.refuse = app, tokens, guarded, refuse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

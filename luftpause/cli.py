@@ -44,7 +44,9 @@ def _dataplane(args: argparse.Namespace) -> None:
 
     conf = _load_config(args)
     if args.workers is not None:
-        conf = conf.model_copy(update={"dataplane": conf.dataplane.model_copy(update={"workers": args.workers})})
+        conf = conf.model_copy(
+            update={"dataplane": conf.dataplane.model_copy(update={"workers": args.workers})}
+        )
     if args.worker is not None:
         serve(conf, worker=args.worker, listen_fd=args.listen_fd)
     elif conf.dataplane.workers > 1:

@@ -317,7 +317,15 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
         actions.append(Refuse(e.turn_id, e.run_id, refusal_message(e.kind, e.model)))
         return
     turn = Turn(
-        e.turn_id, e.run_id, e.service_class, e.caller, e.model, e.kind, e.at, tx.next_seq, dataplane=e.dataplane
+        e.turn_id,
+        e.run_id,
+        e.service_class,
+        e.caller,
+        e.model,
+        e.kind,
+        e.at,
+        tx.next_seq,
+        dataplane=e.dataplane,
     )
     tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, turn)
@@ -418,13 +426,13 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
                 r.phase,
                 r.replica or None,
                 e.at - max(r.idle_s, 0.0),
-                e.at + admission.keep_paused_for(tx.pause_estimate.get(r.caller)) if r.phase is _PAUSED else None,
+                e.at + admission.keep_paused_for(tx.pause_estimate.get(r.caller))
+                if r.phase is _PAUSED
+                else None,
                 e.dataplane,
             )
     # Held turns are ours alone (their dataplanes wait on them here); placed ones are their dataplane's word.
-    turns = {
-        t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane
-    }
+    turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane}
     for t in e.turns:
         replica = tx.replicas.get(t.replica)
         if replica is None:
@@ -573,7 +581,13 @@ def _add_turn(tx: _Tx, turn: Turn) -> None:
 
 
 def _end_turn(
-    tx: _Tx, turn_id: str, at: float, paused_on_tool: bool, *, touch: bool = True, freed_engine_room: bool = False
+    tx: _Tx,
+    turn_id: str,
+    at: float,
+    paused_on_tool: bool,
+    *,
+    touch: bool = True,
+    freed_engine_room: bool = False,
 ) -> Turn | None:
     """Removes a turn (held or placed) and moves its run to the phase `lifecycle.phase_after_turn`
     gives (`paused_on_tool`: it completed in tool calls).

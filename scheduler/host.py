@@ -86,7 +86,9 @@ class Link:
 def placement(action: Place | Refuse) -> pb.Placement:
     """The core's answer to a turn as the dataplane reads it."""
     if isinstance(action, Refuse):
-        reply = pb.AdmitReply(outcome=pb.AdmitReply.UNKNOWN_MODEL, message=action.message, run_id=action.run_id)
+        reply = pb.AdmitReply(
+            outcome=pb.AdmitReply.UNKNOWN_MODEL, message=action.message, run_id=action.run_id
+        )
     else:
         reply = pb.AdmitReply(
             outcome=pb.AdmitReply.PLACED,
@@ -285,10 +287,7 @@ def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Re
             )
             for r in request.runs
         ),
-        turns=tuple(
-            ev.ResyncedTurn(**_turn_fields(t), replica=t.replica)
-            for t in request.turns
-        ),
+        turns=tuple(ev.ResyncedTurn(**_turn_fields(t), replica=t.replica) for t in request.turns),
         at=at,
         dataplane=dataplane,
     )
@@ -406,7 +405,9 @@ def _refusing(handler: grpc.RpcMethodHandler[_Req, _Resp]) -> grpc.RpcMethodHand
                 async with asyncio.timeout(REFUSAL_DRAIN_S):
                     async for _ in request:
                         pass
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong bearer token (see {TOKEN_ENV})")
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong bearer token (see {TOKEN_ENV})"
+        )
 
     make = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -483,7 +484,8 @@ async def _main(config: _config.Config) -> None:
     status = _StatusServer(
         uvicorn.Config(
             HostGuard(
-                build_app(lambda: host.state, host.clock, token, host.dataplane_documents), allowed_hosts(config)
+                build_app(lambda: host.state, host.clock, token, host.dataplane_documents),
+                allowed_hosts(config),
             ),
             log_level="warning",
             access_log=False,

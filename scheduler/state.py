@@ -98,15 +98,26 @@ class Run(NamedTuple):
 
     def came_back(self, service_class: ServiceClass, caller: str, at: float, dataplane: str) -> Run:
         """A turn of the run arrived: the class and caller are per turn, the run carries the latest."""
-        return Run(self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane)
+        return Run(
+            self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane
+        )
 
     def placed_on(self, replica: str, at: float) -> Run:
         """One of its turns was placed on `replica`: generating there, no room kept for it."""
-        return Run(self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane)
+        return Run(
+            self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane
+        )
 
     def turn_ended(self, phase: Phase, last_activity: float, kept_until: float | None) -> Run:
         return Run(
-            self.run_id, self.service_class, self.caller, phase, self.replica, last_activity, kept_until, self.dataplane
+            self.run_id,
+            self.service_class,
+            self.caller,
+            phase,
+            self.replica,
+            last_activity,
+            kept_until,
+            self.dataplane,
         )
 
 
@@ -178,6 +189,7 @@ class Lane(NamedTuple):
     model: str
     service_class: ServiceClass
     caller: str
+
 
 _NO_MAP: Map[Any, Any] = Map()
 

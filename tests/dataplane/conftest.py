@@ -84,7 +84,9 @@ class FakeScheduler(rpc.SchedulerServicer):
                 await self._release.wait()
             held.pop(request.turn_id, None)
             run_id = self.identity.run_of(request.echoed_tool_call_ids) or request.run_id
-            reply = pb.AdmitReply(outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url, run_id=run_id)
+            reply = pb.AdmitReply(
+                outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url, run_id=run_id
+            )
             answers.put_nowait(pb.Placement(turn_id=request.turn_id, reply=reply))
 
         async def read() -> None:

@@ -25,7 +25,10 @@ EXAMPLES_PER_ROUTE = 40
 # Models whose engines answer whatever they are sent (the scripted engine, and the classifier):
 # a turn for them goes all the way through admission and the engine and back. Others in the
 # document's free-form `model` are refused 404 before admission, which the fuzzer covers too.
-THROUGH = {"POST /v1/chat/completions": ["scripted-llama", "plain-llama"], "POST /v1/decide": ["fake-classifier"]}
+THROUGH = {
+    "POST /v1/chat/completions": ["scripted-llama", "plain-llama"],
+    "POST /v1/decide": ["fake-classifier"],
+}
 
 
 def _operations(real_stack: RealStack, route: str | None = None) -> list:

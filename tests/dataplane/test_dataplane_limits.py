@@ -55,7 +55,9 @@ def test_a_body_over_the_limit_without_a_length_is_refused_too(real_stack: RealS
             yield content[start : start + (1 << 20)]
 
     with real_stack.client() as client:
-        r = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        r = client.post(
+            "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"}
+        )
     assert r.status_code == 413
     assert "max_body_bytes" in r.json()["error"]["message"]
     assert real_stack.engine_log(tag) == []
@@ -75,7 +77,9 @@ def test_a_run_id_over_256_bytes_is_a_400_naming_the_limit(real_stack: RealStack
         assert r.status_code == 400
         assert r.json()["error"]["message"] == "the run id is 1,000 bytes long; at most 256 are allowed"
         assert _run_id_header(r) is None, "the run id that was wrong is not echoed"
-        r = client.post("/v1/chat/completions", json=_body(tag), headers={"x-luftpause-run-id": b"run-\xff\xfe"})
+        r = client.post(
+            "/v1/chat/completions", json=_body(tag), headers={"x-luftpause-run-id": b"run-\xff\xfe"}
+        )
         assert r.status_code == 400
         assert r.json()["error"]["message"] == "x-luftpause-run-id must be UTF-8 text"
         r = client.delete(f"/v1/runs/{'r' * 300}")
@@ -93,7 +97,9 @@ def test_a_utf8_run_id_is_kept_and_echoed_in_the_bytes_the_client_sent(real_stac
     run_id = f"läuft-🚀-{uuid.uuid4().hex[:8]}"
     sent = run_id.encode("utf-8")
     with real_stack.client() as client:
-        r = client.post("/v1/chat/completions", json=_body(uuid.uuid4().hex), headers={"x-luftpause-run-id": sent})
+        r = client.post(
+            "/v1/chat/completions", json=_body(uuid.uuid4().hex), headers={"x-luftpause-run-id": sent}
+        )
         assert r.status_code == 200, r.text
         assert _run_id_header(r) == sent
         # The scheduler knows the run by its real name, not by its bytes read as latin-1.
@@ -108,7 +114,9 @@ def test_a_foreign_host_or_a_page_of_another_site_is_refused(real_stack: RealSta
     """DNS rebinding (a page whose own name resolves to 127.0.0.1) and cross-site calls from a
     browser: whatever the bind address, only the hosts the config knows are answered."""
     with real_stack.client() as client:
-        rebound = client.post("/v1/chat/completions", json=_body(uuid.uuid4().hex), headers={"host": "evil.example"})
+        rebound = client.post(
+            "/v1/chat/completions", json=_body(uuid.uuid4().hex), headers={"host": "evil.example"}
+        )
         assert rebound.status_code == 403
         assert "'evil.example'" in rebound.json()["error"]["message"]
         assert "allowed_hosts" in rebound.json()["error"]["message"]

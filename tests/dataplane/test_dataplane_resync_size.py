@@ -29,7 +29,9 @@ def _busy_book() -> RunBook:
     book = RunBook()
     now = time.monotonic()  # what the client's resync prunes against
     for i in range(RUNS):
-        turn = PlacedTurn(f"turn-{i:06d}", f"run-{i:06d}-{'x' * 60}", "fake-a", pb.BATCH, f"caller-{i % 97}", "m")
+        turn = PlacedTurn(
+            f"turn-{i:06d}", f"run-{i:06d}-{'x' * 60}", "fake-a", pb.BATCH, f"caller-{i % 97}", "m"
+        )
         book.placed(turn, now=now)
         paused = pb.TurnCompleted(finish_reason="tool_calls", tool_call_ids=["call-1"])
         book.apply(pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, completed=paused), now=now)

@@ -58,7 +58,9 @@ models = ["{MODEL}"]
         self.engine_url = f"http://127.0.0.1:{ports.engines[0]}"
         self.url = f"http://127.0.0.1:{ports.dataplane}"
         self.services = (
-            ScriptProcess("scripted", [str(SCRIPTED_ENGINE), "--port", str(ports.engines[0])], tmp / "engine.log"),
+            ScriptProcess(
+                "scripted", [str(SCRIPTED_ENGINE), "--port", str(ports.engines[0])], tmp / "engine.log"
+            ),
             Service("scheduler", ["scheduler", "--config", str(config)], tmp / "scheduler.log"),
             Service("dataplane", ["dataplane", "--config", str(config)], tmp / "dataplane.log"),
         )
@@ -107,7 +109,10 @@ def test_an_engine_silent_after_taking_the_request_is_a_504_naming_the_replica(s
     r = httpx.post(f"{stack.url}/v1/chat/completions", json=_body(tag, "silent", stream), timeout=30)
     took = time.monotonic() - asked
     assert r.status_code == 504
-    assert r.json()["error"]["message"] == f"engine scripted: engine sent nothing within {TIMEOUT_S:g} s of the request"
+    assert (
+        r.json()["error"]["message"]
+        == f"engine scripted: engine sent nothing within {TIMEOUT_S:g} s of the request"
+    )
     assert TIMEOUT_S <= took < TIMEOUT_S + 5
     wait_until(lambda: stack.engine_entry(tag)["disconnected"], what="the engine request to be closed")
     wait_until(lambda: stack.in_flight() == 0, what="the slot to be freed")
@@ -116,7 +121,9 @@ def test_an_engine_silent_after_taking_the_request_is_a_504_naming_the_replica(s
 def test_a_stream_that_stops_midway_is_cut_after_the_idle_timeout(stack: _Stack):
     tag = uuid.uuid4().hex
     received = b""
-    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=_body(tag, "hang", True), timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{stack.url}/v1/chat/completions", json=_body(tag, "hang", True), timeout=30
+    ) as r:
         assert r.status_code == 200
         with pytest.raises(httpx.RemoteProtocolError):
             for piece in r.iter_raw():
@@ -201,7 +208,9 @@ def test_the_descriptor_limit_is_raised_to_what_the_connection_limit_needs():
         "from luftpause.dataplane.server import raise_fd_limit\n"
         "print(raise_fd_limit(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
     returned, soft, hard = (int(x) for x in out)
     wanted = 64 + 3 * 1000
     assert returned == soft == (wanted if hard < 0 or hard >= wanted else hard)

@@ -33,7 +33,9 @@ async def _turn(client: httpx.AsyncClient, url: str, body: dict, headers: dict) 
     return "finished"
 
 
-async def _client(url: str, index: int, rng: random.Random, client: httpx.AsyncClient, until: float) -> list[str]:
+async def _client(
+    url: str, index: int, rng: random.Random, client: httpx.AsyncClient, until: float
+) -> list[str]:
     await asyncio.sleep(rng.uniform(0, SPREAD_S))  # arrivals spread over the first seconds
     outcomes = []
     turn_number = 0
@@ -42,15 +44,25 @@ async def _client(url: str, index: int, rng: random.Random, client: httpx.AsyncC
         leave_after = rng.choice([0.0, rng.uniform(0, 0.3), rng.uniform(0, 3.0), rng.uniform(0, 8.0), None])
         body = {
             "model": "fake-llama",
-            "messages": [{"role": "user", "content": f"storm {index}.{turn_number}: " + "words " * rng.randint(10, 400)}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": f"storm {index}.{turn_number}: " + "words " * rng.randint(10, 400),
+                }
+            ],
             "stream": True,
             "max_tokens": 64,
         }
-        headers = {"x-luftpause-run-id": f"storm-{index}", "x-luftpause-class": rng.choice(["interactive", "batch"])}
+        headers = {
+            "x-luftpause-run-id": f"storm-{index}",
+            "x-luftpause-class": rng.choice(["interactive", "batch"]),
+        }
 
         try:
             work = _turn(client, url, body, headers)
-            outcomes.append(await asyncio.wait_for(work, leave_after) if leave_after is not None else await work)
+            outcomes.append(
+                await asyncio.wait_for(work, leave_after) if leave_after is not None else await work
+            )
         except TimeoutError:
             outcomes.append("left")
     return outcomes
@@ -79,8 +91,12 @@ def test_after_200_clients_leave_at_random_nothing_is_in_flight_within_a_second(
     try:
         outcomes, last_left = asyncio.run(_storm(dataplane))
         assert outcomes.count("left") > CLIENTS // 2 and outcomes.count("finished") > 0
-        print(f"{len(outcomes)} turns: {outcomes.count('left')} left early, {outcomes.count('finished')} finished")
-        wait_until(lambda: counts() == (0, 0), timeout_s=1.0, interval_s=0.02, what="nothing in flight or held")
+        print(
+            f"{len(outcomes)} turns: {outcomes.count('left')} left early, {outcomes.count('finished')} finished"
+        )
+        wait_until(
+            lambda: counts() == (0, 0), timeout_s=1.0, interval_s=0.02, what="nothing in flight or held"
+        )
         settled_after = time.monotonic() - last_left
         r = httpx.post(
             f"{dataplane}/v1/chat/completions",

@@ -63,7 +63,14 @@ class Pool:
     ) -> tuple[Action, ...]:
         return self.feed(
             TurnArrived(
-                turn_id, run_id or f"run-{turn_id}", ServiceClass(cls), caller, model, kind, self.now, dataplane
+                turn_id,
+                run_id or f"run-{turn_id}",
+                ServiceClass(cls),
+                caller,
+                model,
+                kind,
+                self.now,
+                dataplane,
             )
         )
 

@@ -180,9 +180,7 @@ async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ou
     async with grpc.aio.insecure_channel(scheduler.target) as channel, TurnsStream(channel) as turns:
         first = await turns.admit(_admit("h-t1", "h-r1"))
         assert first.outcome == pb.AdmitReply.PLACED
-        await turns.report(
-            pb.TurnEvent(turn_id="h-t1", run_id="h-r1", started=pb.TurnStarted(streamed=True))
-        )
+        await turns.report(pb.TurnEvent(turn_id="h-t1", run_id="h-r1", started=pb.TurnStarted(streamed=True)))
 
         second = await turns.admit_later(_admit("h-t2", "h-r2", service_class=pb.BATCH))
 
@@ -251,7 +249,11 @@ async def test_resync_restores_the_dataplanes_runs_and_turns(scheduler: Schedule
             iter(
                 [
                     pb.ResyncRequest(
-                        runs=[pb.RunState(run_id="s-r1", replica="fake-a", phase=pb.PAUSED, caller="dp", idle_s=3.0)]
+                        runs=[
+                            pb.RunState(
+                                run_id="s-r1", replica="fake-a", phase=pb.PAUSED, caller="dp", idle_s=3.0
+                            )
+                        ]
                     ),
                     pb.ResyncRequest(
                         turns=[pb.InFlightTurn(turn_id="s-t9", run_id="s-r9", replica="fake-a", model=MODEL)]

@@ -172,6 +172,7 @@ def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_rep
             timeout_s=60,
             what="every agent's first turn",
         )
+
         # Kill while turns are running on the engines, and keep them running across the outage:
         # both engines are stopped (SIGSTOP) with turns of ours in them, so those turns cannot
         # end before the restarted scheduler has taken the dataplane's resync, however long the
