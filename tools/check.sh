@@ -12,8 +12,9 @@ py=${PYTHON:-.venv/bin/python}
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "lint (ruff)"
+step "lint and formatting (ruff)"
 "$py" -m ruff check .
+"$py" -m ruff format --check .
 
 step "types (mypy, tools/typecheck.sh)"
 if "$py" -m mypy --version >/dev/null 2>&1; then
