@@ -124,7 +124,7 @@ def decide(state: State, event: Event) -> Decision:
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise TypeError(f"decide: not a scheduler event: {event!r}")
-    tx = _Tx(state)
+    tx = _open_tx(state)
     # Events from different sources (prober, clock, the Turns stream) may be stamped slightly out of order;
     # the state's clock only moves forward.
     if event.at > tx.now:
@@ -195,28 +195,34 @@ class _Tx:
     unconfirmed_interactive: Map[str, int]
 
     __slots__ = (*State._fields, "may_place", "entered")
-
-    def __init__(self, s: State) -> None:
-        # Set by whatever may let a held turn be placed; see `decide`.
-        self.may_place = False
-        # Groups a lane entered in this decision: they may have somewhere to go that the
-        # groups already held had not.
-        self.entered: list[Group] = []
-        _load(self, s)
+    # Set by whatever may let a held turn be placed; see `decide`.
+    may_place: bool
+    # Groups a lane entered in this decision: they may have somewhere to go that the groups
+    # already held had not.
+    entered: list[Group]
 
     def freeze(self) -> State:
-        return State._make(_read_state(self))
+        return _new_state(State, _read_state(self))
 
 
 # Copying the state's fields in and out is written from State._fields, once, so that a field
-# added to the state is carried by every decision without being listed here: the loader is
-# made the way namedtuple makes its methods (one unpacking, no loop per decision), the reader is
-# one attrgetter.
+# added to the state is carried by every decision without being listed here. The opener is
+# made the way namedtuple makes its methods: one unpacking, in one call, with no loop per
+# decision (a decision is a few tens of microseconds; each Python call in it shows). The reader
+# is one attrgetter, and the state is made without NamedTuple._make's length check.
 _read_state = operator.attrgetter(*State._fields)
-_LOADER = f"def _load(tx, s):\n    ({', '.join(f'tx.{name}' for name in State._fields)},) = s\n"
-_namespace: dict[str, Any] = {}
-exec(_LOADER, _namespace)  # noqa: S102 (generated from State._fields only)
-_load: Callable[[_Tx, State], None] = _namespace["_load"]
+_new_state = tuple.__new__
+_OPENER = (
+    "def _open_tx(s):\n"
+    "    tx = _Tx.__new__(_Tx)\n"
+    "    tx.may_place = False\n"
+    "    tx.entered = []\n"
+    f"    ({', '.join(f'tx.{name}' for name in State._fields)},) = s\n"
+    "    return tx\n"
+)
+_namespace: dict[str, Any] = {"_Tx": _Tx}
+exec(_OPENER, _namespace)  # noqa: S102 (generated from State._fields only)
+_open_tx: Callable[[State], _Tx] = _namespace["_open_tx"]
 
 
 # --- event handlers ---------------------------------------------------------------------------
