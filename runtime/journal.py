@@ -233,11 +233,16 @@ class Journal:
         return len(fresh)
 
     def archive(self, runs: list[ReplayedRun]) -> None:
-        """Appends runs leaving memory to the archive (durably, before they are forgotten)."""
-        known = archived_handles(self.archive_path)
-        fresh = [_archived_record(r) for r in runs if r.handle not in known]
-        if fresh:
-            _append_durably(self.archive_path, fresh)
+        """Appends runs leaving memory to the archive (durably, before they are forgotten).
+
+        The archive is not read: a run in memory is never in it (compaction at start keeps
+        archived runs out of memory; eviction forgets a run once it is written here). Reading it
+        to check, on every eviction pass, cost memory in proportion to the whole archive, which
+        only grows: the runtime's resident memory crept up with it under a steady load. A write
+        that failed part-way leaves its runs in memory, to be written again at the next pass:
+        readers take a run's first archive record."""
+        if runs:
+            _append_durably(self.archive_path, [_archived_record(r) for r in runs])
 
     def archived(self, handle: str) -> dict[str, Any] | None:
         """The archive's record of a run, or None."""
