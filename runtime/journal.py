@@ -245,8 +245,23 @@ class Journal:
             _append_durably(self.archive_path, [_archived_record(r) for r in runs])
 
     def archived(self, handle: str) -> dict[str, Any] | None:
-        """The archive's record of a run, or None."""
-        return next((r for r in read_records(self.archive_path) if r.get("run") == handle), None)
+        """The archive's record of a run (its first), or None. Read a line at a time, parsing
+        only lines that name the handle: the archive only grows, and holding all of it at once
+        for one lookup cost memory and event-loop time in proportion to it."""
+        if not self.archive_path.exists():
+            return None
+        needle = json.dumps(handle, ensure_ascii=False).encode("utf-8")  # as `_line` writes it
+        with self.archive_path.open("rb") as f:
+            for raw in f:
+                if needle not in raw:
+                    continue
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    continue  # a torn line; replay and compaction warn of it
+                if isinstance(record, dict) and record.get("run") == handle:
+                    return record
+        return None
 
 
 def archived_handles(path: Path) -> set[str]:

@@ -3,7 +3,8 @@
 Every eviction pass (each tenth of the retention window) used to read and parse all of
 archive.jsonl to skip runs already there; the archive only grows, so each pass needed more
 memory than the last, and the runtime's resident memory crept up with it (0.12 MiB a minute in a
-45-minute soak). A pass now costs what the runs leaving memory cost, whatever the archive holds.
+45-minute soak). A pass now costs what the runs leaving memory cost, whatever the archive holds;
+and asking for one archived run reads the archive a line at a time instead of all of it at once.
 """
 
 import json
@@ -52,5 +53,27 @@ async def test_an_eviction_pass_needs_no_more_memory_with_a_large_archive(tmp_pa
     assert len(archived) == ARCHIVED + 1 and archived[-1]["run"] == run.handle
     (answer,), _ = await runs.wait([run.handle], "all", 0)
     assert (answer.status, answer.result) == ("finished", "answer to new"), "the archive answers for it"
+    await runs.shutdown()
+    runs.journal.close()
+
+
+async def test_asking_for_an_archived_run_needs_no_more_memory_with_a_large_archive(tmp_path):
+    with (tmp_path / "archive.jsonl").open("w") as f:
+        for i in range(ARCHIVED):
+            record = {"v": 1, "type": "archived", "run": f"run-old-{i}", "at": 1.0, "spec": {"task": "t", "model": "m"},
+                      "caller": None, "owner": None, "status": "finished", "result": f"answer {i} " + "x" * 2000}  # fmt: skip
+            f.write(json.dumps(record) + "\n")
+    size = (tmp_path / "archive.jsonl").stat().st_size
+    runs = Runs(Journal(tmp_path), _finish_at_once, _noop)
+
+    tracemalloc.start()
+    try:
+        (answer,), _ = await runs.wait([f"run-old-{ARCHIVED // 2}"], "all", 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert (answer.status, answer.result[:12]) == ("finished", f"answer {ARCHIVED // 2} ")
+    assert peak < size / 8, f"one lookup peaked at {peak / 1e6:.1f} MB with a {size / 1e6:.1f} MB archive"
     await runs.shutdown()
     runs.journal.close()
