@@ -235,15 +235,35 @@ class Journal:
         return len(fresh)
 
     def archive(self, runs: list[ReplayedRun]) -> None:
-        """Appends runs leaving memory to the archive (durably, before they are forgotten)."""
-        known = archived_handles(self.archive_path)
-        fresh = [_archived_record(r) for r in runs if r.handle not in known]
-        if fresh:
-            _append_durably(self.archive_path, fresh)
+        """Appends runs leaving memory to the archive (durably, before they are forgotten).
+
+        The archive is not read: a run in memory is never in it (compaction at start keeps
+        archived runs out of memory; eviction forgets a run once it is written here). Reading it
+        to check, on every eviction pass, cost memory in proportion to the whole archive, which
+        only grows: the runtime's resident memory crept up with it under a steady load. A write
+        that failed part-way leaves its runs in memory, to be written again at the next pass:
+        readers take a run's first archive record."""
+        if runs:
+            _append_durably(self.archive_path, [_archived_record(r) for r in runs])
 
     def archived(self, handle: str) -> dict[str, Any] | None:
-        """The archive's record of a run, or None."""
-        return next((r for r in read_records(self.archive_path) if r.get("run") == handle), None)
+        """The archive's record of a run (its first), or None. Read a line at a time, parsing
+        only lines that name the handle: the archive only grows, and holding all of it at once
+        for one lookup cost memory and event-loop time in proportion to it."""
+        if not self.archive_path.exists():
+            return None
+        needle = json.dumps(handle, ensure_ascii=False).encode("utf-8")  # as `_line` writes it
+        with self.archive_path.open("rb") as f:
+            for raw in f:
+                if needle not in raw:
+                    continue
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    continue  # a torn line; replay and compaction warn of it
+                if isinstance(record, dict) and record.get("run") == handle:
+                    return record
+        return None
 
 
 def archived_handles(path: Path) -> set[str]:
