@@ -11,7 +11,10 @@ import json
 import tracemalloc
 
 from luftpause.runtime.journal import Journal, read_records
-from luftpause.runtime.runs import Run, Runs, RunSpec
+from luftpause.runtime.restore import evict
+from luftpause.runtime.run import Run
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import RunSpec
 
 # As many archived runs as a busy day leaves, each with a result of a few KB.
 ARCHIVED = 2000
@@ -40,7 +43,7 @@ async def test_an_eviction_pass_needs_no_more_memory_with_a_large_archive(tmp_pa
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        assert await runs.evict(retention_s=0, now=run.finished_at + 1) == 1
+        assert await evict(runs, retention_s=0, now=run.finished_at + 1) == 1
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
