@@ -11,6 +11,8 @@ import argparse
 import logging
 import sys
 
+from pydantic import ValidationError
+
 from luftpause import __version__, config, lifeline, logs
 
 
@@ -28,14 +30,12 @@ def _scheduler(args: argparse.Namespace) -> None:
     serve(_load_config(args))
 
 
-def _positive(text: str) -> int:
+def _workers(text: str) -> int:
+    """--workers, held to the bounds of `[dataplane] workers` (the config says them, once)."""
     try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
-    return n
+        return config.DataplaneSettings.model_validate({"workers": text}).workers
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(e.errors()[0]["msg"].lower()) from None
 
 
 def _dataplane(args: argparse.Namespace) -> None:
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("dataplane", help="the OpenAI-compatible proxy on 8080"))
     p.add_argument(
         "--workers",
-        type=_positive,
+        type=_workers,
         default=None,
         metavar="N",
         help="dataplane processes sharing the port (default: [dataplane] workers, 1)",

@@ -115,8 +115,6 @@ _GENERATING = Phase.GENERATING
 _INTERACTIVE = ServiceClass.INTERACTIVE
 _BATCH = ServiceClass.BATCH
 _GENERATIVE = Kind.GENERATIVE
-# Positions of a turn's last two fields: a turn is rebuilt from its other fields and a new value
-# for one of these, which is quicker than NamedTuple._replace on the per-turn path.
 
 
 def decide(state: State, event: Event) -> Decision:

@@ -49,9 +49,6 @@ class RunIdentity:
                 return run_id
         return None
 
-    def ids_of(self, run_id: str) -> tuple[str, ...]:
-        return self._ids_of.get(run_id, ())
-
     def forget(self, run_id: str) -> None:
         for tool_call_id in self._ids_of.pop(run_id, ()):
             if self._run_of.get(tool_call_id) == run_id:

@@ -172,3 +172,16 @@ def test_stopping_the_dataplane_stops_every_worker(stack: Stack):
     assert stack.dataplane.proc is not None and stack.dataplane.proc.returncode == 0
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("0", "greater than or equal to 1"), ("65", "less than or equal to 64"), ("two", "a valid integer")],
+)
+def test_a_bad_worker_count_is_refused_before_anything_starts(value: str, says: str, capsys):
+    from luftpause.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["dataplane", "--workers", value])
+    assert exited.value.code == 2
+    assert f"argument --workers: input should be {says}" in capsys.readouterr().err
