@@ -8,7 +8,9 @@ stays with the worker that took it). It starts nothing else and serves nothing i
 Each worker keeps its own Turns stream to the scheduler under a name of its own
 (`<host>:<port>/<k>`, the same after a restart), so that its resync replaces only what came
 through it; the scheduler puts a turn without a run header in its run whichever worker carried
-the run's last turn (scheduler/run_identity.py). A caller is named by its request's headers, so
+the run's last turn (scheduler/run_identity.py), once the worker that carried the reply has
+reported its tool calls, a moment after its client had it: a next turn sent through another
+worker within that moment starts a run of its own. A caller is named by its request's headers, so
 it is one caller across workers. What stays per worker: `/metrics` (a scrape sees the worker
 that took the connection), `/health`, and `[dataplane] max_connections` (a limit per worker).
 

@@ -51,6 +51,10 @@ class Stack:
     def in_flight(self) -> int:
         return sum(r["in_flight"] for r in self.status()["replicas"])
 
+    def run_phase(self, run_id: str) -> str | None:
+        reply = httpx.get(f"http://127.0.0.1:{self.ports.status}/status/runs/{run_id}", timeout=5)
+        return reply.json()["phase"] if reply.status_code == 200 else None
+
     def resyncs(self) -> dict[str, tuple[int, int]]:
         """Each dataplane the scheduler knows, by name: (its resyncs, its Turns streams open)."""
         return {d["name"]: (d["resyncs"], d["streams"]) for d in self.status()["dataplanes"]}
@@ -114,7 +118,16 @@ def test_a_run_without_a_header_stays_one_run_across_the_workers(stack: Stack):
         with OnlyWorker(stack, (first, second)[k % 2]), httpx.Client(timeout=30) as client:
             reply = client.post(f"{stack.url}/v1/chat/completions", json=body)
         assert reply.status_code == 200, reply.text
-        run_ids.append(reply.headers["x-luftpause-run-id"])
+        run_id = reply.headers["x-luftpause-run-id"]
+        run_ids.append(run_id)
+        # The worker reports the reply's tool calls a moment after the client has it; it is
+        # about to be stopped, so the next turn waits until the scheduler has them (a next
+        # turn on another worker within that moment starts a run of its own: README).
+        wait_until(
+            lambda run_id=run_id: stack.run_phase(run_id) == "paused",
+            timeout_s=10,
+            what="the reply's tool calls",
+        )
         message = reply.json()["choices"][0]["message"]
         messages += [
             message,
