@@ -2,8 +2,18 @@
 
 Admissions and turn events go out on one long-lived bidirectional stream, placements come back
 on it. What is ready goes out in one message whenever the stream is free to write (`_write`), so
-nothing waits for a batch to fill and a busy dataplane sends one message for many turns. The
-scheduler may be down or restarting at any moment:
+nothing waits for a batch to fill and a busy dataplane sends one message for many turns.
+
+Not every event is worth a message of its own. How soon each must reach the scheduler is its
+`Urgency`: a turn that pauses its run on a tool goes at once (the run's next turn may reach
+another dataplane and must find the run there); an event that frees room or confirms a turn
+goes at once while the scheduler holds a turn somewhere (a decision may wait on it) or this
+dataplane waits for an admission; otherwise it rides with the next message, or goes after
+`RIDE_AT_MOST_S` if none comes. Each message from the scheduler says whether it holds any turn
+(`nothing_held`); until the first one says so, everything goes at once. So a quiet stack costs
+one message each way per turn, and a busy one reports as promptly as before.
+
+The scheduler may be down or restarting at any moment:
 
 - a turn waiting for admission stays waiting in the dataplane while the scheduler is away, and
   is admitted again under the same turn id on the next stream;
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 
 import grpc
@@ -26,11 +37,14 @@ import grpc.aio
 
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
 from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.lifecycle import pauses_run
 from luftpause.proto import DATAPLANE_KEY, pb, rpc
 
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
+# The longest an event no decision waits on stays in the dataplane before it goes out on its own.
+RIDE_AT_MOST_S = 0.02
 # A scheduler that takes the connection but never answers the resync is treated as unreachable.
 RESYNC_TIMEOUT_S = 10.0
 
@@ -49,6 +63,14 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+class Urgency(enum.IntEnum):
+    """How soon an event must reach the scheduler (see the module docstring)."""
+
+    RIDES = 0  # no decision waits on it: it goes with the next message
+    WHILE_HELD = 1  # a held turn may wait on it: at once while the scheduler holds any
+    NOW = 2  # at once, always
 
 
 class SchedulerClient:
@@ -72,6 +94,9 @@ class SchedulerClient:
         # What the current stream is to carry next, and the writer's wake-up.
         self._outbox: list[pb.DataplaneItem] = []
         self._wake = asyncio.Event()
+        # What the scheduler last said: it holds no turn, so events may ride (`Urgency`).
+        self._nothing_held = False
+        self._ride_timer: asyncio.TimerHandle | None = None
         self._synced = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
         self._stream_task: asyncio.Task[None] | None = None
@@ -131,7 +156,8 @@ class SchedulerClient:
         abandoned, wherever it is (held, or placed with a reply we will never read)."""
         if self._pending.pop(request.turn_id, None) is not None:
             self.report(
-                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned())
+                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()),
+                Urgency.NOW,
             )
 
     def _placed(self, placement: pb.Placement) -> None:
@@ -147,10 +173,10 @@ class SchedulerClient:
 
     def started(self, turn_id: str, run_id: str, streamed: bool) -> None:
         """The engine request went out. For a streamed reply the scheduler learns nothing from
-        this that the first token will not say (admission.py), so it is not urgent: it travels
-        with the next event rather than in a message of its own."""
+        this that the first token will not say (admission.py), so it rides with the next event;
+        a reply read whole is confirmed by its end, which the core times from this."""
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted(streamed=streamed)),
-                    urgent=not streamed)  # fmt: skip
+                    Urgency.RIDES if streamed else Urgency.WHILE_HELD)  # fmt: skip
 
     def first_token(self, turn_id: str, run_id: str) -> None:
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken()))
@@ -170,7 +196,9 @@ class SchedulerClient:
             completion_tokens=completion_tokens,
             tool_call_ids=tool_call_ids,
         )
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed))
+        # A reply that pauses its run: the run's next turn may reach another dataplane first.
+        urgency = Urgency.NOW if pauses_run(finish_reason, tool_call_ids) else Urgency.WHILE_HELD
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed), urgency)
 
     def failed(self, turn_id: str, run_id: str, error: str) -> None:
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(error=error)))
@@ -178,21 +206,30 @@ class SchedulerClient:
     def run_ended(self, run_id: str) -> None:
         self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
 
-    def report(self, event: pb.TurnEvent, urgent: bool = True) -> None:
+    def report(self, event: pb.TurnEvent, urgency: Urgency = Urgency.WHILE_HELD) -> None:
         """Records the event in the run book and queues it for the scheduler; never blocks.
-
-        An event that is not `urgent` (no decision waits on it) does not wake the stream's
-        writer: it goes out in the next message, with whatever comes next, in order."""
+        It goes out, in order with everything else, as soon as its `urgency` asks."""
         self.runs.apply(event)
-        self._send(pb.DataplaneItem(event=event), urgent)
+        self._send(pb.DataplaneItem(event=event), urgency)
 
-    def _send(self, item: pb.DataplaneItem, urgent: bool = True) -> None:
+    def _send(self, item: pb.DataplaneItem, urgency: Urgency = Urgency.NOW) -> None:
         # While no stream is up, events are carried by the next resync and admissions by the
         # pending turns; neither is kept for the stream.
-        if self._synced.is_set():
-            self._outbox.append(item)
-            if urgent:
-                self._wake.set()
+        if not self._synced.is_set():
+            return
+        self._outbox.append(item)
+        if urgency is Urgency.NOW or (
+            urgency is Urgency.WHILE_HELD and (not self._nothing_held or self._pending)
+        ):
+            self._wake.set()
+        elif self._ride_timer is None:
+            self._ride_timer = asyncio.get_running_loop().call_later(RIDE_AT_MOST_S, self._wake.set)
+
+    def _told(self, nothing_held: bool) -> None:
+        """The scheduler says whether it holds any turn; once it does, what waited goes out."""
+        self._nothing_held = nothing_held
+        if not nothing_held and self._outbox:
+            self._wake.set()
 
     # -- the stream --
 
@@ -205,6 +242,9 @@ class SchedulerClient:
                 # What the other turns queue in this turn of the event loop goes in the same message.
                 await asyncio.sleep(0)
                 self._wake.clear()
+                if self._ride_timer is not None:
+                    self._ride_timer.cancel()
+                    self._ride_timer = None
                 items, self._outbox = self._outbox, []
                 if items:
                     await call.write(pb.DataplaneBatch(items=items))
@@ -237,6 +277,8 @@ class SchedulerClient:
                 while (batch := await call.read()) is not grpc.aio.EOF:
                     for placement in batch.placements:
                         self._placed(placement)
+                    if batch.nothing_held is not self._nothing_held:
+                        self._told(batch.nothing_held)
                 log.warning("scheduler ended the turns stream; reconnecting")
             except grpc.aio.AioRpcError as e:
                 if self._synced.is_set():
@@ -263,6 +305,10 @@ class SchedulerClient:
                     raise
             finally:
                 self._synced.clear()
+                self._nothing_held = False
+                if self._ride_timer is not None:
+                    self._ride_timer.cancel()
+                    self._ride_timer = None
                 if writer is not None:
                     writer.cancel()
                 if self._call is not None:

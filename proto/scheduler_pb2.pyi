@@ -151,10 +151,12 @@ class Placement(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., reply: _Optional[_Union[AdmitReply, _Mapping]] = ...) -> None: ...
 
 class SchedulerBatch(_message.Message):
-    __slots__ = ("placements",)
+    __slots__ = ("placements", "nothing_held")
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    NOTHING_HELD_FIELD_NUMBER: _ClassVar[int]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+    nothing_held: bool
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., nothing_held: _Optional[bool] = ...) -> None: ...
 
 class RunState(_message.Message):
     __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s", "tool_call_ids")

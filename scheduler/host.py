@@ -4,7 +4,9 @@ Everything here translates. Each dataplane keeps one Turns stream open (a `Link`
 on it becomes a `TurnArrived`, and the `Place` or `Refuse` the core emits for that turn (at once
 or after being held) goes back on the same stream; every other item becomes the matching turn
 event, stamped with this process's monotonic clock on receipt. A stream that ends abandons the
-turns still waiting on it. A Resync becomes `Resynced`, scoped to the dataplane that sent it.
+turns still waiting on it. Every stream is told whether the core holds any turn (at its start
+and whenever that changes, in every message): while it holds none, no decision waits on a
+turn's events, and the dataplane lets them ride with its next admission. A Resync becomes `Resynced`, scoped to the dataplane that sent it.
 An admit without a run header is put in its run here (`run_identity`), by the tool_call_ids it
 echoes, so that it is found whichever dataplane its run's last turn went through. The prober and a 1 s tick
 feed `ReplicaProbed` and `Tick`. With `LUFTPAUSE_TOKEN` set, the gRPC port takes only calls that
@@ -55,14 +57,17 @@ _PHASES = {pb.IDLE: Phase.IDLE, pb.GENERATING: Phase.GENERATING, pb.PAUSED: Phas
 
 class Link:
     """One dataplane's Turns stream as the host sees it: the turns waiting on it for an answer
-    (by turn id, with their run) and the placements ready to be written to it."""
+    (by turn id, with their run), the placements ready to be written to it, and whether it has
+    yet to hear that the scheduler started or stopped holding turns."""
 
-    __slots__ = ("dataplane", "waiting", "outbox", "ready", "closed")
+    __slots__ = ("dataplane", "waiting", "outbox", "nothing_held", "told", "ready", "closed")
 
     def __init__(self, dataplane: str = "") -> None:
         self.dataplane = dataplane
         self.waiting: dict[str, str] = {}
         self.outbox: list[pb.Placement] = []
+        self.nothing_held = False
+        self.told = True
         self.ready = asyncio.Event()
         self.closed = False
 
@@ -71,12 +76,23 @@ class Link:
         self.outbox.append(placement(action))
         self.ready.set()
 
-    def take(self) -> list[pb.Placement]:
-        """The placements to write now; waits again unless the stream is over."""
+    def tell(self, nothing_held: bool) -> None:
+        """The scheduler now holds no turn (True) or holds some (False): the dataplane is told,
+        in a message of its own if no placement is going out."""
+        self.nothing_held = nothing_held
+        self.told = False
+        self.ready.set()
+
+    def take(self) -> pb.SchedulerBatch | None:
+        """The message to write now, None when there is nothing new; waits again unless the
+        stream is over. Every message says whether the scheduler holds any turn."""
         out, self.outbox = self.outbox, []
         if not self.closed:
             self.ready.clear()
-        return out
+        if not out and self.told:
+            return None
+        self.told = True
+        return pb.SchedulerBatch(placements=out, nothing_held=self.nothing_held)
 
     def close(self) -> None:
         self.closed = True
@@ -126,6 +142,9 @@ class SchedulerHost:
         self.dataplanes: dict[str, DataplaneSeen] = {}
         # The stream each held turn's answer goes to.
         self._waiting: dict[str, Link] = {}
+        # Every Turns stream open, and whether they were last told that nothing is held.
+        self._links: set[Link] = set()
+        self._nothing_held = True
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
     def feed(self, event: ev.Event) -> tuple[Action, ...]:
@@ -135,6 +154,12 @@ class SchedulerHost:
             self._log_health_change(before, event)
         for action in actions:
             self._carry_out(action)
+        nothing_held = not self.state.held_groups
+        if nothing_held is not self._nothing_held:
+            # Whether a decision may be waiting on the dataplanes' events changed: they are told.
+            self._nothing_held = nothing_held
+            for link in self._links:
+                link.tell(nothing_held)
         return actions
 
     def _carry_out(self, action: Action) -> None:
@@ -208,6 +233,8 @@ class SchedulerHost:
 
     def connect(self, link: Link) -> None:
         self.dataplanes.setdefault(link.dataplane, DataplaneSeen()).streams += 1
+        self._links.add(link)
+        link.tell(self._nothing_held)
 
     def dataplane_documents(self) -> list[dict[str, Any]]:
         return [seen.document(name) for name, seen in sorted(self.dataplanes.items())]
@@ -216,6 +243,7 @@ class SchedulerHost:
         """A stream ended: the turns still waiting on it are abandoned, as their dataplane is gone
         (or will admit them again, under the same ids, once it has reconnected and resynced)."""
         link.close()
+        self._links.discard(link)
         self.dataplanes[link.dataplane].streams -= 1
         for turn_id, run_id in list(link.waiting.items()):
             if self._waiting.get(turn_id) is link:
@@ -310,9 +338,9 @@ class SchedulerService(rpc.SchedulerServicer):
         try:
             while True:
                 await link.ready.wait()
-                placements = link.take()
-                if placements:
-                    await context.write(pb.SchedulerBatch(placements=placements))
+                batch = link.take()
+                if batch is not None:
+                    await context.write(batch)
                 elif link.closed:
                     break
         finally:

@@ -29,14 +29,16 @@ from luftpause.scheduler.host import SchedulerHost, SchedulerService
 
 
 class _GatedWrites:
-    """A servicer context whose writes wait at `gate` once `placed` is set."""
+    """A servicer context whose writes of placements set `placed` and wait at `gate` (the
+    scheduler's other messages, saying whether it holds turns, go through)."""
 
     def __init__(self, context: Any, placed: asyncio.Event, gate: asyncio.Event) -> None:
         self._context, self._placed, self._gate = context, placed, gate
 
     async def write(self, message: Any) -> None:
-        self._placed.set()
-        await self._gate.wait()
+        if message.placements:
+            self._placed.set()
+            await self._gate.wait()
         await self._context.write(message)
 
     def __getattr__(self, name: str) -> Any:

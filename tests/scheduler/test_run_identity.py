@@ -31,7 +31,9 @@ def admit(host: SchedulerHost, link: Link, turn_id: str, run_id: str, echoed: tu
         turn_id, run_id, ServiceClass.INTERACTIVE, "c", "m", Kind.GENERATIVE, host.clock(), link.dataplane
     )
     host.admit(arrived, link, echoed)
-    (placement,) = [p for p in link.take() if p.turn_id == turn_id]
+    batch = link.take()
+    assert batch is not None
+    (placement,) = [p for p in batch.placements if p.turn_id == turn_id]
     assert placement.reply.outcome == pb.AdmitReply.PLACED
     return placement.reply.run_id
 
