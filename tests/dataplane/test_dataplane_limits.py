@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import httpx
 from real_stack import RealStack
+from support import wait_until
 
 from luftpause.config import MAX_BODY_BYTES
 
@@ -102,8 +103,13 @@ def test_a_utf8_run_id_is_kept_and_echoed_in_the_bytes_the_client_sent(real_stac
         )
         assert r.status_code == 200, r.text
         assert _run_id_header(r) == sent
-        # The scheduler knows the run by its real name, not by its bytes read as latin-1.
-        assert real_stack.run_phase(urllib.parse.quote(run_id)) == "idle"
+        # The scheduler knows the run by its real name, not by its bytes read as latin-1 (the
+        # turn's end reaches it with the dataplane's next message or within moments).
+        wait_until(
+            lambda: real_stack.run_phase(urllib.parse.quote(run_id)) == "idle",
+            timeout_s=5,
+            what="the scheduler to have the run, by its real name, idle",
+        )
 
         r = client.delete(f"/v1/runs/{urllib.parse.quote(run_id)}")
         assert r.status_code == 204
