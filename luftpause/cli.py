@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fidelity",
             "scheduler_core",
             "admit_latency",
+            "engine_parser",
             "mcp_flood",
             "routing",
             "single_pass",
