@@ -175,7 +175,9 @@ class _Connection(asyncio.Protocol):
         return await self._head
 
     async def next_piece(self) -> bytes | None:
-        """The next piece of the body as it arrived, None at its end; EngineBrokeOff if it broke off."""
+        """The body's bytes that arrived since the last piece was taken (all of them, in one piece:
+        a relay that fell behind catches up in one write instead of one per read), None at its
+        end; EngineBrokeOff if it broke off."""
         while not self._pieces:
             if self._error is not None:
                 raise self._error
@@ -186,7 +188,12 @@ class _Connection(asyncio.Protocol):
                 await self._waiter
             finally:
                 self._waiter = None
-        piece = self._pieces.popleft()
+        pieces = self._pieces
+        if len(pieces) == 1:
+            piece = pieces.popleft()
+        else:
+            piece = b"".join(pieces)
+            pieces.clear()
         self._buffered -= len(piece)
         if self._paused and self._buffered < _HIGH_WATER // 2 and self.transport is not None:
             self._paused = False
