@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import json
 import logging
 import time
@@ -601,15 +602,37 @@ async def _client_disconnect(receive: Receive) -> None:
 
 
 async def _unless_client_leaves(work: Awaitable[T], client_left: asyncio.Future[None]) -> T:
-    """The result of `work`, or ClientLeft (with `work` cancelled) when the client goes first."""
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.wait((task, client_left), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if not task.done():
-        task.cancel()
-        await asyncio.wait({task})
+    """The result of `work`, or ClientLeft (with `work` cancelled) when the client goes first.
+
+    `work` runs in the calling task, which the client's leaving cancels (as `asyncio.timeout`
+    cancels on its deadline): no task of its own and no `asyncio.wait`, which cost each race two
+    passes of the event loop. A cancellation from outside (the server stopping) goes on as it
+    came. Work that finishes in spite of the cancel (it caught it) keeps its result."""
+    if client_left.done():
+        if inspect.iscoroutine(work):
+            work.close()
         raise ClientLeft
-    return task.result()
+    task = asyncio.current_task()
+    assert task is not None
+    racing, left = True, False
+
+    def leave(_: asyncio.Future[None]) -> None:
+        nonlocal left
+        # A callback already on its way when the race ended must not cancel what comes after.
+        if racing:
+            left = True
+            task.cancel()
+
+    client_left.add_done_callback(leave)
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if left and task.uncancel() == 0:
+            raise ClientLeft from None
+        raise
+    finally:
+        racing = False
+        client_left.remove_done_callback(leave)
+    if left:
+        task.uncancel()
+    return result

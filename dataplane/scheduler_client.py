@@ -6,7 +6,8 @@ nothing waits for a batch to fill and a busy dataplane sends one message for man
 
 Not every event is worth a message of its own. How soon each must reach the scheduler is its
 `Urgency`: a turn that pauses its run on a tool goes at once (the run's next turn may reach
-another dataplane and must find the run there); an event that frees room or confirms a turn
+another dataplane and must find the run there), and so does a failed one (rare, and what a
+client retries on); an event that frees room or confirms a turn
 goes at once while the scheduler holds a turn somewhere (a decision may wait on it) or this
 dataplane waits for an admission; otherwise it rides with the next message, or goes after
 `RIDE_AT_MOST_S` if none comes. Each message from the scheduler says whether it holds any turn
@@ -136,15 +137,25 @@ class SchedulerClient:
         placed: asyncio.Future[pb.AdmitReply] = asyncio.get_running_loop().create_future()
         self._pending[request.turn_id] = (request, placed)
         self._send(pb.DataplaneItem(admit=request))
+
+        def leave(_: asyncio.Future[None]) -> None:
+            # The client left: stop waiting, unless the placement is already here (it wins).
+            if not placed.done():
+                placed.cancel()
+
+        abandoned.add_done_callback(leave)
         try:
-            await asyncio.wait((placed, abandoned), return_when=asyncio.FIRST_COMPLETED)
+            if abandoned.done():
+                placed.cancel()
+            reply = await placed
         except asyncio.CancelledError:
             self._withdraw(request)
+            task = asyncio.current_task()
+            if abandoned.done() and (task is None or task.cancelling() == 0):
+                return None
             raise
-        if not placed.done():
-            self._withdraw(request)
-            return None
-        reply = placed.result()
+        finally:
+            abandoned.remove_done_callback(leave)
         if reply.outcome == pb.AdmitReply.UNKNOWN_MODEL:
             raise UnknownModel(reply.message or f"no Generative replica serves model '{request.model}'")
         if reply.outcome != pb.AdmitReply.PLACED:
@@ -201,7 +212,10 @@ class SchedulerClient:
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed), urgency)
 
     def failed(self, turn_id: str, run_id: str, error: str) -> None:
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(error=error)))
+        # Rare, and what a client retries on: the scheduler has it before the retry comes.
+        self.report(
+            pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(error=error)), Urgency.NOW
+        )
 
     def run_ended(self, run_id: str) -> None:
         self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
