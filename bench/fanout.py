@@ -14,7 +14,8 @@ Over MCP with the official client, the way a harness would. Two ways to run it:
 Every arm gets the same task texts, so the fake engine gives each run the same tool calls in all
 of them; arms rotate their order from repeat to repeat so that drift on the machine hits each.
 Each arm's time is checked for CPU saturation as the fidelity harness does (`--start` only); a
-saturated one is reported and not counted. Prints the time for all runs per arm and the ratios,
+saturated one is reported and not counted. Prints the time for all runs per arm and the ratios
+(with `--start` also how evenly each arm's tokens fell on the two engines, from their counters),
 and writes the record (and with `--start` a PNG) under bench/results/.
 
     luftpause bench fanout [--runtime http://127.0.0.1:7000/mcp] [--runs 16] [--repeats 1]
@@ -129,24 +130,43 @@ def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[st
                     async with Client(url) as client:
                         return await ARM_DRIVE[arm](client, work)
 
+                before = stacks.generation_tokens(s.engine_urls)
                 seconds, runs = asyncio.run(measure(s.runtime_url))
                 cpu = window.close()
+                generated = [
+                    b - a for a, b in zip(before, stacks.generation_tokens(s.engine_urls), strict=True)
+                ]
                 row = {
                     "repeat": rep,
                     "arm": arm,
                     "seconds": round(seconds, 3),
                     **_summary(runs),
+                    # How evenly the arm's work fell on the engines: the busier one's share of the
+                    # tokens generated (0.5: even). Runs stay on their engine, so an uneven split
+                    # makes the busier engine's decode steps, and its runs, slower.
+                    "busier_engine_share": round(max(generated) / sum(generated), 3)
+                    if sum(generated)
+                    else None,
                     **cpu,
                     "counts": not cpu["saturated"] and all(r["status"] == "finished" for r in runs),
                 }
                 rows.append(row)
                 print(
                     f"  repeat {rep + 1}/{repeats}  {arm:<10} {seconds:7.2f} s  {_summary(runs)}  "
-                    f"CPU {cpu['cpu_busy']:.0%}" + ("" if row["counts"] else "  (does not count)"),
+                    f"busier engine {row['busier_engine_share']:.0%} of tokens  CPU {cpu['cpu_busy']:.0%}"
+                    + ("" if row["counts"] else "  (does not count)"),
                     flush=True,
                 )
     times = {arm: [r["seconds"] for r in rows if r["arm"] == arm and r["counts"]] for arm in STARTED_ARMS}
     med = {arm: statistics.median(v) if v else None for arm, v in times.items()}
+    busier = {
+        arm: [
+            r["busier_engine_share"]
+            for r in rows
+            if r["arm"] == arm and r["counts"] and r["busier_engine_share"]
+        ]
+        for arm in STARTED_ARMS
+    }
     ratios: dict[str, Any] = {}
     if med["luftpause"] and med["router"]:
         ratios["luftpause_over_router_time"] = round(med["luftpause"] / med["router"], 3)
@@ -163,6 +183,7 @@ def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[st
         "rows": rows,
         "times_s": times,
         "median_s": med,
+        "busier_engine_share": busier,
         "ratios": ratios,
     }
 
@@ -178,8 +199,8 @@ def started_table(record: dict[str, Any]) -> str:
     }
     lines = [
         f"| {record['runs']} sub-agents | time for all, median (range) of the repeats that count | "
-        "repeats counted | vs one at a time |",
-        "|---|---|---|---|",
+        "repeats counted | vs one at a time | busier engine's share of the tokens |",
+        "|---|---|---|---|---|",
     ]
     for arm in STARTED_ARMS:
         values = record["times_s"][arm]
@@ -188,8 +209,16 @@ def started_table(record: dict[str, Any]) -> str:
             if arm == "sequential" or not med[arm] or not med["sequential"]
             else (f"{med['sequential'] / med[arm]:.1f}x")
         )
+        shares = record.get("busier_engine_share", {}).get(arm) or []
+        share = _spread(shares)
+        share_cell = (
+            "-"
+            if share["median"] is None
+            else f"{share['median']:.0%} ({share['low']:.0%}-{share['high']:.0%})"
+        )
         lines.append(
-            f"| {labels[arm]} | {_spread_cell(_spread(values))} s | {len(values)} of {record['repeats']} | {speedup} |"
+            f"| {labels[arm]} | {_spread_cell(_spread(values))} s | {len(values)} of {record['repeats']} | "
+            f"{speedup} | {share_cell} |"
         )
     verdicts = []
     if "luftpause_over_router_time" in ratios:

@@ -7,8 +7,8 @@ luftpause (`luftpause`) or straight to the SGLang router from PyPI, cache-aware
 (`sglang-cache-aware`, class-blind: it drops the class header). Two `luftpause loadgen
 --spawn-agents` processes beside each other, batch and interactive, each one MCP session and so
 one caller, run closed-loop sub-agents with the flood's contexts (`loadgen.subagents`). The
-simulator's twin of each arm runs the `mcp-flood` scenario scaled the same way (turns read
-whole, the runtime's overheads), seed `--seed` + repeat.
+simulator's twin of each arm runs the `mcp-flood` scenario scaled the same way (streamed turns,
+the runtime's overheads), seed `--seed` + repeat.
 
 Arms are interleaved within each repeat. A window whose CPUs were more than 90 % busy, or in
 which one of the single-threaded processes (engines, scheduler, dataplane, runtime, fake-mcp,

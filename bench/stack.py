@@ -216,6 +216,18 @@ def prefix_cache_counters(engine_urls: list[str]) -> tuple[float, float]:
     return queries, hits
 
 
+def generation_tokens(engine_urls: list[str]) -> list[float]:
+    """Each engine's generated tokens so far, from its SGLang-flavoured /metrics counter."""
+    counts = []
+    for url in engine_urls:
+        total = 0.0
+        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+            if line.startswith("sglang:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+        counts.append(total)
+    return counts
+
+
 class CpuWindow:
     """The fidelity harness's CPU check over one measured window of a stack and its load."""
 

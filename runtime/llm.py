@@ -1,14 +1,23 @@
 """The runtime's client of the dataplane: one chat-completion turn at a time, decisions, run ends.
 
-Turns go to `<dataplane>/v1/chat/completions`, not streamed, with the run's identity in the
-luftpause headers so that the scheduler sees every sub-agent turn as a turn of its run. A 429
-(a hosted API's rate limit, passed through) is retried after its Retry-After, else after 1 s,
-for as long as the run lives. A transient failure (the dataplane unreachable or restarting, the
-connection lost mid-turn, a 502, 503 or 504: an engine that died, a scheduler or dataplane on
-its way back) is retried with backoff from 0.25 s up to 8 s between tries, for up to 120 s per
-turn; the run's cancellation (its own, or its budget's) stops the retries at once. Anything else,
-or a transient failure that outlasts its window, ends the turn with `TurnFailed`. A retried turn
-is the same request again: a model turn has no effect outside its reply. `decide` is one
+Turns go to `<dataplane>/v1/chat/completions`, with the run's identity in the luftpause headers
+so that the scheduler sees every sub-agent turn as a turn of its run. They are streamed
+(`"stream": true`, usage asked for in the last chunk), because a first token is what tells the
+scheduler that the engine has started a turn and may take the next one (the lookahead,
+scheduler/admission.py): with replies read whole it learnt that only as each turn ended, and let
+a fan-out's first turns into the engines two at a time where a router sends them all at once.
+completion_stream.py puts the chunks back together into the completion a reply not streamed
+would have been, which is all the rest of the runtime sees; an endpoint that answers whole
+anyway is read whole.
+
+A 429 (a hosted API's rate limit, passed through) is retried after its Retry-After, else after
+1 s, for as long as the run lives. A transient failure (the dataplane unreachable or restarting,
+the connection lost or the stream ending mid-reply, a 502, 503 or 504: an engine that died, a
+scheduler or dataplane on its way back) is retried with backoff from 0.25 s up to 8 s between
+tries, for up to 120 s per turn; the run's cancellation (its own, or its budget's) stops the
+retries at once. Anything else (another error status, an error event inside the stream), or a
+transient failure that outlasts its window, ends the turn with `TurnFailed`. A retried turn is
+the same request again: a model turn has no effect outside its reply. `decide` is one
 `POST /v1/decide`; `models` asks `GET /v1/models` which models spawn may name. With a token
 (`LUFTPAUSE_TOKEN`) every request carries it as a bearer.
 """
@@ -19,11 +28,12 @@ import asyncio
 import email.utils
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
 from luftpause.lifecycle import RUN_ID_HEADER
+from luftpause.runtime.completion_stream import CompletionStream, StreamError
 
 log = logging.getLogger(__name__)
 
@@ -63,52 +73,52 @@ class Dataplane:
         )
 
     async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        """Sends one turn and returns the parsed completion; retries 429s, raises `TurnFailed`."""
+        """Sends one turn, streamed, and returns the completion put together from its chunks (the
+        shape of a reply not streamed); retries 429s and transient failures, raises `TurnFailed`."""
         url = f"{self.base_url}/v1/chat/completions"
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         retries = _Retries(headers.get(RUN_ID_HEADER, ""))
         while True:
             try:
-                response = await self._http.post(url, json=body, headers=headers)
-            except httpx.ConnectTimeout as e:
-                await retries.after(
-                    f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}"
-                )
-                continue
-            except httpx.TimeoutException:
-                raise TurnFailed(
-                    f"the dataplane gave no reply within {self._http.timeout.read:.0f} s"
-                ) from None
-            except httpx.TransportError as e:
-                # Refused, reset, or closed mid-reply: the dataplane is down or restarting.
-                await retries.after(f"cannot reach the dataplane at {self.base_url}: {e!r}")
-                continue
-            except httpx.HTTPError as e:
-                raise TurnFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
-            if response.status_code in TRANSIENT_STATUSES:
-                await retries.after(
-                    f"the dataplane answered {response.status_code}: {error_message(response)}"
-                )
-                continue
-            if response.status_code == 429:
-                delay = retry_after_s(response.headers.get("retry-after"))
+                return await self._try(url, streamed, headers)
+            except _Transient as e:
+                await retries.after(str(e))
+            except _RateLimited as e:
                 log.info(
                     "run %s: 429 from the dataplane, retrying in %.1f s",
                     headers.get(RUN_ID_HEADER),
-                    delay,
+                    e.delay_s,
                 )
-                await asyncio.sleep(delay)
-                continue
-            if response.status_code >= 400:
-                raise TurnFailed(f"the dataplane answered {response.status_code}: {error_message(response)}")
-            try:
-                reply = response.json()
-            except ValueError:
-                raise TurnFailed(
-                    f"the dataplane answered {response.status_code} with a body that is not JSON"
-                ) from None
-            if not isinstance(reply, dict) or not reply.get("choices"):
-                raise TurnFailed("the dataplane's reply has no choices")
-            return reply
+                await asyncio.sleep(e.delay_s)
+
+    async def _try(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """One try of a turn: its completion, or `_Transient`, `_RateLimited` or `TurnFailed`."""
+        try:
+            async with self._http.stream("POST", url, json=body, headers=headers) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _refusal(response)
+                if response.headers.get("content-type", "").startswith("text/event-stream"):
+                    reply = await _assembled(response)
+                else:
+                    # An endpoint that answers whole whatever was asked.
+                    await response.aread()
+                    reply = _whole(response)
+        except httpx.ConnectTimeout as e:
+            raise _Transient(
+                f"cannot reach the dataplane at {self.base_url}: {e or 'connect timeout'}"
+            ) from None
+        except httpx.TimeoutException:
+            raise TurnFailed(f"the dataplane sent nothing for {self._http.timeout.read:.0f} s") from None
+        except httpx.TransportError as e:
+            # Refused, reset, or closed mid-reply: the dataplane is down or restarting, or the
+            # engine broke off (the dataplane then closes the stream unfinished).
+            raise _Transient(f"cannot reach the dataplane at {self.base_url}: {e!r}") from None
+        except httpx.HTTPError as e:
+            raise TurnFailed(f"cannot reach the dataplane at {self.base_url}: {e}") from None
+        if not isinstance(reply, dict) or not reply.get("choices"):
+            raise TurnFailed("the dataplane's reply has no choices")
+        return reply
 
     async def decide(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """One classification through `POST /v1/decide`; its JSON answer, or `DecideFailed`."""
@@ -174,6 +184,50 @@ class _Retries:
         self._tries += 1
         log.warning("run %s: %s; retrying in %.2f s (try %d)", self._run_id, problem, delay, self._tries + 1)
         await asyncio.sleep(delay)
+
+
+class _Transient(Exception):
+    """A try that failed for a passing reason; the message says what happened."""
+
+
+class _RateLimited(Exception):
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(f"rate limited for {delay_s:.1f} s")
+        self.delay_s = delay_s
+
+
+def _refusal(response: httpx.Response) -> NoReturn:
+    """What an error status means for the turn: retry later, or fail it."""
+    problem = f"the dataplane answered {response.status_code}: {error_message(response)}"
+    if response.status_code in TRANSIENT_STATUSES:
+        raise _Transient(problem)
+    if response.status_code == 429:
+        raise _RateLimited(retry_after_s(response.headers.get("retry-after")))
+    raise TurnFailed(problem)
+
+
+async def _assembled(response: httpx.Response) -> dict[str, Any]:
+    """The completion a streamed reply adds up to; an error event in it fails the turn, and a
+    stream that ends before the reply does is a reply lost on the way (transient)."""
+    stream = CompletionStream()
+    try:
+        async for line in response.aiter_lines():
+            stream.feed_line(line)
+        stream.close()
+    except StreamError as e:
+        raise TurnFailed(f"the dataplane's stream carried an error: {e}") from None
+    if not stream.finished:
+        raise _Transient("the dataplane's stream ended before the reply finished")
+    return stream.completion()
+
+
+def _whole(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise TurnFailed(
+            f"the dataplane answered {response.status_code} with a body that is not JSON"
+        ) from None
 
 
 def decision_of(answer: dict[str, Any]) -> dict[str, Any]:

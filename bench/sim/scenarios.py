@@ -8,9 +8,9 @@
 - `routing`: 8 sub-agents in flight (interactive, one caller), 8000-character contexts: moderate
   load, where placement for the prefix cache is what differs between arms.
 - `mcp-flood` and `mcp-light`: `flood` and `light` with the agents as sub-agents of the runtime
-  (`loadgen --spawn-agents`): its turns are not streamed (it reads each reply whole, so the
-  scheduler hears of a turn's first token only as it ends), and its own work between turns, on
-  each tool call and between runs is added as fixed waits (`RUNTIME_OVERHEADS`).
+  (`loadgen --spawn-agents`): its turns are streamed as the own-loop agents' are (runtime/llm.py),
+  so the scheduler hears of each first token as it comes; what differs is the runtime's own work
+  between turns, on each tool call and between runs, added as fixed waits (`RUNTIME_OVERHEADS`).
 
 Tool calls take 2 s each, the fixed-latency mode of the fake MCP server used by benchmarks.
 Agents start spread over the first 5 s (from the seed), as processes started together would.
@@ -46,7 +46,8 @@ class Scenario:
     window_s: float = 180.0
     tool_latency_s: float = TOOL_LATENCY_S
     streamed: bool = True
-    """Whether turns are streamed (own-loop agents here: yes; the runtime: no)."""
+    """Whether turns are streamed (own-loop agents here and the runtime: yes; False models a
+    client that reads each reply whole, whose first token the scheduler hears of as it ends)."""
     overheads: Overheads = Overheads()
 
     def agents(self, seed: int) -> list[AgentSpec]:
@@ -80,5 +81,5 @@ SCENARIOS: dict[str, Scenario] = {
 }
 for _own_loop in ("flood", "light"):
     SCENARIOS[f"mcp-{_own_loop}"] = replace(
-        SCENARIOS[_own_loop], name=f"mcp-{_own_loop}", streamed=False, overheads=RUNTIME_OVERHEADS
+        SCENARIOS[_own_loop], name=f"mcp-{_own_loop}", overheads=RUNTIME_OVERHEADS
     )

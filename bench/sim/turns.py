@@ -25,5 +25,5 @@ class SimTurn:
     arrived_at: float = 0.0
     first_token_at: float | None = None
     streamed: bool = True
-    """A turn read whole (the runtime's) tells the scheduler of its first token only as it ends."""
+    """A turn read whole tells the scheduler of its first token only as it ends."""
     tool_call_ids: tuple[str, ...] = field(default=())

@@ -1,6 +1,7 @@
 """The sub-agent loop against a scripted dataplane and scripted tools: what it sends, what it counts.
 
-The dataplane is an httpx mock transport that answers from a script and records every request;
+The dataplane is an httpx mock transport that answers from a script and records every request,
+streaming each scripted completion when the turn asks for a stream (as the runtime's turns do);
 the tool servers are a stand-in with the same three methods the loop uses.
 """
 
@@ -9,6 +10,7 @@ import json
 
 import httpx
 import pytest
+from streamed_replies import chunks, sse_response
 
 from luftpause.runtime import llm
 from luftpause.runtime.agent import Agent
@@ -87,6 +89,8 @@ class Engine:
         reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]  # the last repeats
         if isinstance(reply, Exception):
             raise reply
+        if reply.status_code == 200 and json.loads(request.content).get("stream"):
+            return sse_response(chunks(reply.json()))  # as the dataplane relays an engine's stream
         return reply
 
     @property
@@ -127,6 +131,7 @@ async def test_a_run_calls_its_tool_then_answers(tmp_path):
     assert tools.calls == [("lookup", {"query": "rivers"})]
     first, second = engine.turns
     assert first["model"] == "fake-llama" and first["max_tokens"] == 256
+    assert first["stream"] is True and first["stream_options"] == {"include_usage": True}
     assert first["messages"] == [{"role": "user", "content": "find rivers"}]
     assert {t["function"]["name"] for t in first["tools"]} == {"lookup", "broken"}
     assert first["tools"][0]["function"]["parameters"] == LOOKUP.input_schema
