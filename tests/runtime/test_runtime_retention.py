@@ -1,22 +1,31 @@
-"""Finished runs cost little while they are held in memory.
+"""Finished runs leave memory soon, and cost little while they are there.
 
-While a finished run is held, it keeps only what answers for it: not the loop that drove it
-(nor, through the loop's context, the request that spawned it), and not the timer of a seconds
-budget whose subtree has ended. Measured in a runtime that spawned runs over MCP as the soak does
-(tracemalloc, 256 runs): some 6.1 KB of Python objects a finished run before, 4.1 KB after.
+Memory is a cache: the journal and the archive are the store. A run tree leaves memory once every
+run of it has finished more than `[runtime] retention_s` ago (120 s by default), and `await`,
+`status <handle>` and `cancel` answer for it from the archive from then on. While a finished run
+is held, it keeps only what answers for it: not the loop that drove it (nor, through the loop's
+context, the request that spawned it), and not the timer of a seconds budget whose subtree has
+ended. Measured in a runtime that spawned runs over MCP as the soak does (tracemalloc, 256 runs):
+some 6.1 KB of Python objects a finished run before, 4.1 KB after.
 """
 
 import asyncio
 import contextvars
 import gc
+import re
 import weakref
+from pathlib import Path
 
 from support import until
 
+from luftpause.config import RuntimeSettings
 from luftpause.runtime.journal import Journal
+from luftpause.runtime.restore import evict
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import RunSpec
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 # What an MCP request leaves in the context of the task that spawns a run (the SDK's request
 # context, the OpenTelemetry span): a task created there copies it.
@@ -33,6 +42,33 @@ async def _finish_at_once(runs: Runs, run: Run) -> None:
 
 async def _noop(handle: str) -> None:
     return None
+
+
+def test_the_default_window_is_two_minutes_as_the_readme_says():
+    assert RuntimeSettings().retention_s == 120.0
+    durable_runs = README.read_text()
+    assert re.search(r"`\[runtime\] retention_s` \(120 s by default", durable_runs), (
+        "the README's Durable runs names the default window"
+    )
+
+
+async def test_a_run_finished_over_two_minutes_ago_leaves_memory_and_still_answers(tmp_path):
+    runs = Runs(Journal(tmp_path), _finish_at_once, _noop)
+    old, recent = (
+        runs.spawn(RunSpec(task="old", model="m"), "c"),
+        runs.spawn(RunSpec(task="recent", model="m"), "c"),
+    )
+    await runs.wait([old.handle, recent.handle], "all", 5)
+    now = old.finished_at + 121
+    recent.finished_at = now - 119
+
+    assert await evict(runs, RuntimeSettings().retention_s, now=now) == 1
+    assert [r.handle for r in runs] == [recent.handle], "what a listing without a handle holds"
+    (answer,), timed_out = await runs.wait([old.handle], "all", 0)
+    assert not timed_out and (answer.status, answer.result) == ("finished", "answer to old")
+    assert (await runs.cancel(old.handle)).status == "finished", "a run that has ended stays as it ended"
+    await runs.shutdown()
+    runs.journal.close()
 
 
 async def test_a_finished_run_lets_go_of_its_loop_and_of_the_request_that_spawned_it(tmp_path):
