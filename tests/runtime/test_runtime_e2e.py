@@ -297,9 +297,9 @@ def _journaled_run(
 
 async def test_with_the_default_window_runs_finished_minutes_ago_answer_from_the_archive(tmp_path, backends):
     """The default config: a tree whose runs all finished ten minutes ago is not held in memory
-    (the start moves it to the archive; a running runtime does the same within seconds of the
-    window passing), but each of its runs still answers by handle; the listing without a handle
-    holds the runs that are running or finished within the window."""
+    (the start moves it to the archive; a running runtime does the same within a tenth of the
+    window once it has passed), but each of its runs still answers by handle; the listing
+    without a handle holds the runs that are running or finished within the window."""
     rt = make_runtime(tmp_path, backends)
     assert "retention_s" not in (tmp_path / "luftpause.toml").read_text()
     rt.state_dir.mkdir()
