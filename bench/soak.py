@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=8, help="own-loop agents per class")
     p.add_argument("--spawn", type=int, default=4, help="sub-agents per wave over MCP")
     p.add_argument(
-        "--retention-s", type=float, help="the runtime's retention window (default: the config's, a day)"
+        "--retention-s", type=float, help="the runtime's retention window (default: the config's, 120 s)"
     )
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)

@@ -136,9 +136,16 @@ class RuntimeSettings(_Strict):
     dataplane: str = f"http://127.0.0.1:{DATAPLANE_PORT}"
     state_dir: str = "state"
     default_model: str = DEFAULT_MODEL
-    # How long a finished run stays in memory and in runs.jsonl before it moves to archive.jsonl,
-    # from which await still answers for it (runtime/journal.py).
-    retention_s: float = Field(default=86400.0, ge=60)
+    # How long a run tree, once all of it has ended, stays in memory before it moves to
+    # archive.jsonl (and leaves runs.jsonl at the next start), from which await, status <handle>,
+    # cancel and tasks/get still answer for it (runtime/journal.py, runtime/restore.py). Memory
+    # is a cache of recent runs: the window decides what status without a handle and GET /status
+    # list, and how many finished runs cost memory (some 4 KB of Python objects each), not what
+    # can be asked. Two minutes is two of await's default timeouts, so a run that ended during
+    # one await is still listed after the next; at the soak's rate (some 20 runs a minute) it
+    # holds about 40. At least 60 s: eviction looks every tenth of the window, and a client needs
+    # the time to list what it has just seen end.
+    retention_s: float = Field(default=120.0, ge=60)
     mcp_servers: list[McpServer] = [McpServer(name="fake-mcp", url=f"http://127.0.0.1:{FAKE_MCP_PORT}/mcp")]
 
 

@@ -134,10 +134,15 @@ async def run(runtime: Runtime, arguments: SpawnArguments, ctx: Context) -> RunV
 async def status(
     runtime: Runtime,
     ctx: Context,
-    handle: Annotated[str | None, Field(description="one run's handle; omit for all of yours")] = None,
+    handle: Annotated[
+        str | None,
+        Field(description="one run's handle, however long ago it ended; omit for your recent runs"),
+    ] = None,
 ) -> RunsResult:
-    """Return runs as they stand now, without waiting: one run (with its parent and children),
-    or every run you spawned."""
+    """Return runs as they stand now, without waiting: one run by its handle (with its parent and
+    children), or, without a handle, your runs that are running or ended within the runtime's
+    retention window (two minutes by default). An older run is not listed, but its handle
+    still answers here and in await."""
     who = runtime.who(ctx)
     runs = (
         [runtime.run_for(handle, who)] if handle is not None else [r for r in runtime.runs if who.may_see(r)]

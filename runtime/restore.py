@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from luftpause.runtime.budgets import restore_tripped
 from luftpause.runtime.journal import ReplayedRun, new_counters, read_counters
-from luftpause.runtime.run import Run
+from luftpause.runtime.run import ENDED, Run
 from luftpause.runtime.spec import RunSpec, initial_messages
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def restore(runs: Runs, retention_s: float | None = None) -> None:
             run.result = replayed.finished.get("result")
             run.error = replayed.finished.get("error")
             run.finished_at = _number(replayed.finished.get("at"))
-            run.done.set()
+            run.done = ENDED
         runs.add(run)
     every = list(runs)
     for run in every:
@@ -141,6 +141,6 @@ def from_archive(record: dict[str, Any]) -> Run:
         owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
         restored=True,
         finished_at=_number(record.get("at")),
+        done=ENDED,
     )
-    run.done.set()
     return run

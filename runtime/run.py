@@ -33,6 +33,17 @@ def new_handle() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
 
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+# The `done` of every run that has ended: set for good and shared, so that a finished run holds
+# no Event of its own (an Event keeps a deque for its waiters: some 700 bytes). Nothing clears it.
+ENDED = _set_event()
+
+
 @dataclass
 class Run:
     handle: str
@@ -44,7 +55,10 @@ class Run:
     status: RunStatus = "running"
     result: str | None = None
     error: str | None = None
+    # Set when the run ends (then the shared ENDED).
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Its loop while that runs; a run that has ended drops it, and with it the loop's context
+    # (the request that spawned it).
     task: asyncio.Task[None] | None = None
     children: list[Run] = field(default_factory=list)
     parent: Run | None = None

@@ -24,7 +24,7 @@ from luftpause.runtime.budgets import spent_budget, tripped_above
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.journal_writer import JournalError
 from luftpause.runtime.restore import from_archive
-from luftpause.runtime.run import Run, RunStatus, UnknownRun, new_handle
+from luftpause.runtime.run import ENDED, Run, RunStatus, UnknownRun, new_handle
 from luftpause.runtime.spec import RunSpec, initial_messages
 from luftpause.runtime.waiting import AwaitMode, Changes, waited_enough
 
@@ -116,16 +116,19 @@ class Runs:
     def _take_back(self, run: Run) -> None:
         if run.task is not None and not run.task.done():
             run.task.cancel()
-        timer = self._timers.pop(run.handle, None)
-        if timer is not None:
-            timer.cancel()
         if run.parent is not None:
             run.parent.children.remove(run)
         self.forget(run)
 
     def forget(self, run: Run) -> None:
-        """The run leaves memory (taken back, or moved to the archive)."""
+        """The run leaves memory (taken back, or moved to the archive), with its budget's timer."""
         self._runs.pop(run.handle, None)
+        self._stop_timer(run.handle)
+
+    def _stop_timer(self, handle: str) -> None:
+        timer = self._timers.pop(handle, None)
+        if timer is not None and not timer.done() and timer is not asyncio.current_task():
+            timer.cancel()
 
     def add(self, run: Run) -> None:
         """Holds the run (spawned or restored), linked to its parent, with its seconds budget's timer."""
@@ -140,13 +143,23 @@ class Runs:
                 run.parent = parent
                 parent.children.append(run)
         if run.spec.budgetSeconds is not None and run.running:
-            self._timers[run.handle] = asyncio.create_task(
-                self._seconds_timer(run), name=f"budget:{run.handle}"
+            timer = asyncio.create_task(self._seconds_timer(run), name=f"budget:{run.handle}")
+            self._timers[run.handle] = timer
+            timer.add_done_callback(
+                lambda t: self._timers.pop(run.handle, None) if self._timers.get(run.handle) is t else None
             )
 
     def start(self, run: Run) -> None:
-        """Starts the run's loop as a task of its own."""
-        run.task = asyncio.create_task(self._drive(run), name=f"run:{run.handle}")
+        """Starts the run's loop as a task of its own; a run that has ended lets go of it once it
+        has stopped (a loop stopped by shutdown stays, its run unfinished)."""
+        task = asyncio.create_task(self._drive(run), name=f"run:{run.handle}")
+        run.task = task
+
+        def stopped(t: asyncio.Task[None]) -> None:
+            if run.task is t and not run.running:
+                run.task = None
+
+        task.add_done_callback(stopped)
 
     async def _drive(self, run: Run) -> None:
         try:
@@ -210,7 +223,13 @@ class Runs:
         for approval in run.approvals.values():
             approval.abandon()
         run.approvals.clear()
+        run.decisions.clear()
         run.done.set()
+        run.done = ENDED
+        # A seconds budget whose whole subtree has ended has nothing left to cap.
+        for owner in run.ancestors():
+            if owner.handle in self._timers and not any(r.running for r in owner.subtree()):
+                self._stop_timer(owner.handle)
         self.changes.pulse()
         log.info(
             "run %s %s after %d turns, %d tool calls%s",

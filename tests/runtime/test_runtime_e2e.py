@@ -8,6 +8,7 @@ and a task can be picked for how many it will make.
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from support import Service, free_port, wait_until, write_runtime_config
 
 from luftpause.fake_engine.replies import planned_tool_calls
+from luftpause.runtime.spec import RunSpec
 
 TOOLS = {"spawn", "await", "run", "status", "cancel", "approve", "tools", "decide"}
 
@@ -274,5 +276,61 @@ def test_the_journal_is_created_where_the_state_dir_says(tmp_path, backends):
     rt.start()
     try:
         assert rt.journal.exists()
+    finally:
+        rt.service.stop()
+
+
+def _journaled_run(
+    handle: str, task: str, finished_ago_s: float | None, parent: str | None = None
+) -> list[dict]:
+    """A run's records as a runtime writes them (journal.py), ended `finished_ago_s` ago."""
+    now = time.time()
+    spec = RunSpec(task=task, model="fake-llama", parent=parent).model_dump()
+    records = [
+        {"v": 1, "type": "spawned", "run": handle, "at": now - 3600, "spec": spec, "caller": "a-session"}
+    ]
+    if finished_ago_s is not None:
+        records.append({"v": 1, "type": "finished", "run": handle, "at": now - finished_ago_s, "status": "finished",
+                        "result": f"answer to {task}", "error": None, "toolCalls": 1, "turns": 2})  # fmt: skip
+    return records
+
+
+async def test_with_the_default_window_runs_finished_minutes_ago_answer_from_the_archive(tmp_path, backends):
+    """The default config: a tree whose runs all finished ten minutes ago is not held in memory
+    (the start moves it to the archive; a running runtime does the same within a tenth of the
+    window once it has passed), but each of its runs still answers by handle; the listing
+    without a handle holds the runs that are running or finished within the window."""
+    rt = make_runtime(tmp_path, backends)
+    assert "retention_s" not in (tmp_path / "luftpause.toml").read_text()
+    rt.state_dir.mkdir()
+    records = [
+        *_journaled_run("run-old-root", "old root", finished_ago_s=600),
+        *_journaled_run("run-old-child", "old child", finished_ago_s=610, parent="run-old-root"),
+        *_journaled_run("run-recent", "recent", finished_ago_s=5),
+    ]
+    rt.journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    rt.start()
+    try:
+        async with Client(rt.url, mode="legacy") as client:
+            fresh = (await call(client, "spawn", task=task_planning(1, "fresh"), maxTokens=16))["handle"]
+            listed = {r["handle"]: r["status"] for r in (await call(client, "status"))["runs"]}
+            assert listed == {"run-recent": "finished", fresh: "running"}
+
+            (root,) = (await call(client, "status", handle="run-old-root"))["runs"]
+            assert (root["status"], root["result"]) == ("finished", "answer to old root")
+            awaited = await call(client, "await", handles=["run-old-child", fresh], timeout=60)
+            child, done = awaited["runs"]
+            assert (child["status"], child["result"]) == ("finished", "answer to old child")
+            assert child["parent"] == "run-old-root"
+            assert done["status"] == "finished" and not awaited["timedOut"]
+            unchanged = await call(client, "cancel", handle="run-old-root")
+            assert unchanged == root, "an ended run is returned unchanged"
+            listed = {r["handle"] for r in (await call(client, "status"))["runs"]}
+            assert listed == {"run-recent", fresh}
+        async with httpx.AsyncClient() as http:
+            document = (await http.get(f"http://127.0.0.1:{rt.port}/status")).json()
+        assert {r["handle"] for r in document["runs"]} == {"run-recent", fresh}
+        archive = (rt.state_dir / "archive.jsonl").read_text().splitlines()
+        assert sorted(json.loads(line)["run"] for line in archive) == ["run-old-child", "run-old-root"]
     finally:
         rt.service.stop()

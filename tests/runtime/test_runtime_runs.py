@@ -95,8 +95,10 @@ async def test_await_of_an_unknown_handle_is_an_error(runs):
 async def test_cancel_ends_a_running_run_and_journals_it(runs, script, tmp_path):
     a = runs.spawn(spec("a"), None)
     await asyncio.sleep(0)
+    loop = a.task
     cancelled = await runs.cancel(a.handle)
-    assert cancelled.status == "cancelled" and a.task.cancelled()
+    assert cancelled.status == "cancelled" and loop.cancelled()
+    assert a.task is None, "a run that has ended lets go of its stopped loop"
     await until(lambda: script.ended)
     assert script.ended == [a.handle]
     ends = [r for r in read_records(tmp_path / "runs.jsonl") if r["type"] == "finished"]
