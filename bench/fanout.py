@@ -5,10 +5,10 @@ Over MCP with the official client, the way a harness would. Two ways to run it:
 - against a stack that is already up (`luftpause up`, `--runtime URL`): the arms `sequential`
   and `fan-out`, short river tasks;
 - `--start`: it starts its own stacks (`bench.stack`: fake engines with the calibrated KV pool,
-  fake-mcp with every tool call taking 2 s, the runtime) and runs three arms: `sequential`
-  (spawn, await, next) and `luftpause` (spawn all, one await) through luftpause, and `router`
-  (spawn all, one await) with the runtime straight to the real SGLang router (cache-aware)
-  in front of engines of their own. Tasks carry the flood's contexts (`--context-chars`, 10000
+  fake-mcp with every tool call taking 2 s, the runtime), one per arm so that no arm's engines
+  hold another arm's prefixes, and runs three arms: `sequential` (spawn, await, next) and
+  `luftpause` (spawn all, one await) through luftpause, and `router` (spawn all, one await) with
+  the runtime straight to the real SGLang router (cache-aware). Tasks carry the flood's contexts (`--context-chars`, 10000
   by default: about 2.8k prompt tokens, as the description's fan-out).
 
 Every arm gets the same task texts, so the fake engine gives each run the same tool calls in all
@@ -99,8 +99,12 @@ async def run(runtime: str, n: int, repeats: int) -> dict[str, Any]:
 # -- --start: its own stacks, and the router arm --
 
 STARTED_ARMS = ("sequential", "luftpause", "router")
-# Which stack each arm runs on, and how it drives it.
-ARM_STACK = {"sequential": "luftpause", "luftpause": "luftpause", "router": "sglang-cache-aware"}
+# Which stack each arm runs on (each its own, so that an arm's engines carry only that arm's own
+# earlier repeats in their prefix caches: the one-at-a-time arm, run on the fan-out's stack, left
+# every task cached on one engine, which drew that engine more of the fan-out's new runs; the
+# router's engines never had that), what front that stack has, and how the arm drives it.
+ARM_STACK = {"sequential": "sequential", "luftpause": "luftpause", "router": "router"}
+STACK_FRONT = {"sequential": "luftpause", "luftpause": "luftpause", "router": "sglang-cache-aware"}
 ARM_DRIVE = {"sequential": sequential, "luftpause": fan_out, "router": fan_out}
 ROUTER_TOLERANCE = 0.10
 MIN_SPEEDUP = 5.0
@@ -113,12 +117,12 @@ def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[st
     work = tasks(n, context_chars, seed="fanout")
     rows: list[dict[str, Any]] = []
     with ExitStack() as up:
-        # Both stacks stay up for the whole run; the one not measured idles (health probes only).
+        # Every stack stays up for the whole run; those not measured idle (health probes only).
         started = {}
-        for front in ("luftpause", "sglang-cache-aware"):
-            (logs / front).mkdir()
-            started[front] = up.enter_context(
-                stacks.stack(front, logs / front, kv_pool_tokens=EngineParams().kv_pool_tokens)
+        for name, front in STACK_FRONT.items():
+            (logs / name).mkdir()
+            started[name] = up.enter_context(
+                stacks.stack(front, logs / name, kv_pool_tokens=EngineParams().kv_pool_tokens)
             )
         for rep in range(repeats):
             order = list(STARTED_ARMS[rep % 3 :] + STARTED_ARMS[: rep % 3])
