@@ -170,17 +170,20 @@ def write_config(
     extra: str = "",
     models: tuple[str, ...] = ("fake-llama",),
     tool_server: str | None = None,
+    replica_extra: str = "",
 ) -> Path:
     """Writes a config file for a stack on `ports` (two fake engines) and returns its path.
 
     The runtime's one tool server is fake-mcp on `ports.fake_mcp`, unless `tool_server` gives the
     body of another `[[runtime.mcp_servers]]` table (e.g. `name = ...` and `command = [...]`).
+    `replica_extra` goes into every `[[replicas]]` table (e.g. `lookahead = 1`).
     """
     if tool_server is None:
         tool_server = f'name = "fake-mcp"\nurl = "http://127.0.0.1:{ports.fake_mcp}/mcp"'
     model_list = ", ".join(f'"{m}"' for m in models)
     replicas = "".join(
         f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = [{model_list}]\n'
+        + (f"{replica_extra}\n" if replica_extra else "")
         for i, port in enumerate(ports.engines)
     )
     text = f"""

@@ -11,47 +11,17 @@ turns went in one at a time.
 
 import httpx
 from mcp import Client
-from support import Ports, Service, free_port, running, until, wait_until
+from support import Ports, Service, free_port, running, until, wait_until, write_config
 from test_runtime_e2e import call, task_planning
 
 RUNS = 3
 
 
-def write_config(directory, ports: Ports) -> str:
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"""
-[scheduler]
-grpc_port = {ports.grpc}
-status_port = {ports.status}
-
-[dataplane]
-port = {ports.dataplane}
-scheduler = "127.0.0.1:{ports.grpc}"
-
-[runtime]
-port = {ports.runtime}
-dataplane = "http://127.0.0.1:{ports.dataplane}"
-state_dir = "{directory / "state"}"
-
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{ports.fake_mcp}/mcp"
-
-[[replicas]]
-name = "fake-a"
-url = "http://127.0.0.1:{ports.engines[0]}"
-models = ["fake-llama"]
-metrics = "none"
-lookahead = 1
-"""
-    )
-    return str(path)
-
-
 async def test_sub_agents_spawned_together_run_in_the_engine_together(tmp_path):
     ports = Ports(engines=[free_port()])
-    config = write_config(tmp_path, ports)
+    # One engine that reports no load, with room kept for one unconfirmed turn: only first tokens
+    # tell the scheduler that the engine took a turn.
+    config = str(write_config(tmp_path, ports, replica_extra='metrics = "none"\nlookahead = 1'))
     engine = Service(
         "fake-a",
         ["fake-engine", "--name", "fake-a", "--port", str(ports.engines[0]), "--time-scale", "10"],
