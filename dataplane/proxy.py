@@ -25,12 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import inspect
 import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, TypeVar
@@ -601,7 +600,7 @@ async def _client_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _unless_client_leaves(work: Awaitable[T], client_left: asyncio.Future[None]) -> T:
+async def _unless_client_leaves(work: Coroutine[Any, Any, T], client_left: asyncio.Future[None]) -> T:
     """The result of `work`, or ClientLeft (with `work` cancelled) when the client goes first.
 
     `work` runs in the calling task, which the client's leaving cancels (as `asyncio.timeout`
@@ -609,8 +608,7 @@ async def _unless_client_leaves(work: Awaitable[T], client_left: asyncio.Future[
     passes of the event loop. A cancellation from outside (the server stopping) goes on as it
     came. Work that finishes in spite of the cancel (it caught it) keeps its result."""
     if client_left.done():
-        if inspect.iscoroutine(work):
-            work.close()
+        work.close()
         raise ClientLeft
     task = asyncio.current_task()
     assert task is not None

@@ -239,6 +239,11 @@ class SchedulerClient:
         elif self._ride_timer is None:
             self._ride_timer = asyncio.get_running_loop().call_later(RIDE_AT_MOST_S, self._wake.set)
 
+    def _stop_ride_timer(self) -> None:
+        if self._ride_timer is not None:
+            self._ride_timer.cancel()
+            self._ride_timer = None
+
     def _told(self, nothing_held: bool) -> None:
         """The scheduler says whether it holds any turn; once it does, what waited goes out."""
         self._nothing_held = nothing_held
@@ -256,9 +261,7 @@ class SchedulerClient:
                 # What the other turns queue in this turn of the event loop goes in the same message.
                 await asyncio.sleep(0)
                 self._wake.clear()
-                if self._ride_timer is not None:
-                    self._ride_timer.cancel()
-                    self._ride_timer = None
+                self._stop_ride_timer()
                 items, self._outbox = self._outbox, []
                 if items:
                     await call.write(pb.DataplaneBatch(items=items))
@@ -320,9 +323,7 @@ class SchedulerClient:
             finally:
                 self._synced.clear()
                 self._nothing_held = False
-                if self._ride_timer is not None:
-                    self._ride_timer.cancel()
-                    self._ride_timer = None
+                self._stop_ride_timer()
                 if writer is not None:
                     writer.cancel()
                 if self._call is not None:
