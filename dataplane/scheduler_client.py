@@ -97,6 +97,10 @@ class SchedulerClient:
         self._wake = asyncio.Event()
         # What the scheduler last said: it holds no turn, so events may ride (`Urgency`).
         self._nothing_held = False
+        # Reservations the scheduler granted on the current stream, by replica, oldest first;
+        # `_running_low`: some replica's are down to their last one, and the scheduler has yet to hear it.
+        self._reservations: dict[str, list[pb.Reservation]] = {}
+        self._running_low = False
         self._ride_timer: asyncio.TimerHandle | None = None
         self._synced = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
@@ -134,6 +138,11 @@ class SchedulerClient:
         failed to free the slot.
         """
         assert self._stub is not None, "start() first"
+        if self._reservations and not abandoned.done():
+            reserved = self._use_reservation(request)
+            if reserved is not None:
+                return reserved
+            self._give_back_room_for(request)
         placed: asyncio.Future[pb.AdmitReply] = asyncio.get_running_loop().create_future()
         self._pending[request.turn_id] = (request, placed)
         self._send(pb.DataplaneItem(admit=request))
@@ -162,6 +171,83 @@ class SchedulerClient:
             raise SchedulerFailed(f"scheduler: unexpected admission outcome {reply.outcome}")
         return reply
 
+    def _use_reservation(self, request: pb.AdmitRequest) -> pb.AdmitReply | None:
+        """The placement of a turn that may go without asking, else None.
+
+        It may while the scheduler holds nothing and this dataplane waits on no admission, when
+        the turn is a generative one of a run the run book knows, and this dataplane holds a
+        reservation on the replica the run last ran on that serves the turn's model: where the
+        scheduler would have placed it. Other turns ask: a run the book does not know may have
+        run through another dataplane, and one found by its echoed tool_call_ids is the
+        scheduler's to name.
+
+        The use rides like a streamed turn's start (the reservation already counts on that
+        replica), unless it leaves the replica one or none: then the turn's next event goes at
+        once, so that the scheduler, seeing the room again, grants more while the last one still
+        serves the next turn.
+        """
+        if not self._nothing_held or self._pending:
+            return None
+        if request.kind != pb.GENERATIVE or request.echoed_tool_call_ids or not request.run_id:
+            return None
+        booked = self.runs.runs.get(request.run_id)
+        if booked is None:
+            return None
+        pool = self._reservations.get(booked.replica)
+        if not pool or request.model not in pool[0].models:
+            return None
+        reservation = pool.pop(0)
+        # Down to its last one (or none): the turn's next event goes at once, so that the
+        # scheduler grants more while the last one still serves the next turn.
+        self._running_low = len(pool) <= 1
+        if not pool:
+            del self._reservations[booked.replica]
+        used = pb.ReservationUsed(reservation_id=reservation.id, replica=reservation.replica, admit=request)
+        self._send(pb.DataplaneItem(reservation_used=used), Urgency.RIDES)
+        return pb.AdmitReply(
+            outcome=pb.AdmitReply.PLACED,
+            replica=reservation.replica,
+            url=reservation.url,
+            run_id=request.run_id,
+        )
+
+    def _drop_reservation(self, reservation_id: str) -> None:
+        for replica, pool in list(self._reservations.items()):
+            kept = [r for r in pool if r.id != reservation_id]
+            if len(kept) != len(pool):
+                if kept:
+                    self._reservations[replica] = kept
+                else:
+                    del self._reservations[replica]
+                return
+
+    def _give_back_room_for(self, request: pb.AdmitRequest) -> None:
+        """A turn that asks gives back, ahead of its admission, this dataplane's reservations on
+        the replicas that could take it, so that they do not keep it waiting (core._reserve)."""
+        if request.kind != pb.GENERATIVE:
+            return
+        for replica, pool in list(self._reservations.items()):
+            if request.model in pool[0].models:
+                del self._reservations[replica]
+                for reservation in pool:
+                    self._send(pb.DataplaneItem(reservation_returned=reservation.id))
+
+    def _reserved(self, batch: pb.SchedulerBatch) -> None:
+        """Reservations granted are kept; those revoked and not yet used are given back at once."""
+        for reservation in batch.reservations:
+            self._reservations.setdefault(reservation.replica, []).append(reservation)
+        if batch.revoked:
+            revoked = set(batch.revoked)
+            for replica, pool in list(self._reservations.items()):
+                kept = [r for r in pool if r.id not in revoked]
+                for r in pool:
+                    if r.id in revoked:
+                        self._send(pb.DataplaneItem(reservation_returned=r.id))
+                if kept:
+                    self._reservations[replica] = kept
+                else:
+                    del self._reservations[replica]
+
     def _withdraw(self, request: pb.AdmitRequest) -> None:
         """The client left before the placement was read: the scheduler is told the turn is
         abandoned, wherever it is (held, or placed with a reply we will never read)."""
@@ -172,6 +258,9 @@ class SchedulerClient:
             )
 
     def _placed(self, placement: pb.Placement) -> None:
+        if placement.reply.reservation_id:
+            # The turn took the room of a reservation of ours: it is no longer ours to use.
+            self._drop_reservation(placement.reply.reservation_id)
         # A placement for a turn withdrawn meanwhile is ignored: its abandon is on its way.
         waiting = self._pending.pop(placement.turn_id, None)
         if waiting is not None and not waiting[1].done():
@@ -233,7 +322,7 @@ class SchedulerClient:
             return
         self._outbox.append(item)
         if urgency is Urgency.NOW or (
-            urgency is Urgency.WHILE_HELD and (not self._nothing_held or self._pending)
+            urgency is Urgency.WHILE_HELD and (not self._nothing_held or self._pending or self._running_low)
         ):
             self._wake.set()
         elif self._ride_timer is None:
@@ -262,6 +351,7 @@ class SchedulerClient:
                 await asyncio.sleep(0)
                 self._wake.clear()
                 self._stop_ride_timer()
+                self._running_low = False
                 items, self._outbox = self._outbox, []
                 if items:
                     await call.write(pb.DataplaneBatch(items=items))
@@ -278,8 +368,10 @@ class SchedulerClient:
                 chunks = self.runs.resync_chunks()
                 await self._stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
                 call = self._call = self._stub.Turns(metadata=self._metadata)
-                # The turns still waiting go first, under their own ids, in the order they came.
-                self._outbox = [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
+                self._reservations = {}
+                # This dataplane takes reservations; then the turns still waiting, under their own ids, in the order they came.
+                self._outbox = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
+                self._outbox += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
                 self._synced.set()
                 self._wake.set()
                 writer = asyncio.ensure_future(self._write(call))
@@ -292,6 +384,9 @@ class SchedulerClient:
                     len(self._pending),
                 )
                 while (batch := await call.read()) is not grpc.aio.EOF:
+                    # Reservations first: a placement may name one granted in this same message.
+                    if batch.reservations or batch.revoked:
+                        self._reserved(batch)
                     for placement in batch.placements:
                         self._placed(placement)
                     if batch.nothing_held is not self._nothing_held:
@@ -323,6 +418,7 @@ class SchedulerClient:
             finally:
                 self._synced.clear()
                 self._nothing_held = False
+                self._reservations = {}
                 self._stop_ride_timer()
                 if writer is not None:
                     writer.cancel()

@@ -51,7 +51,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ..., echoed_tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("outcome", "replica", "url", "message", "held_ms", "run_id")
+    __slots__ = ("outcome", "replica", "url", "message", "held_ms", "run_id", "reservation_id")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PLACED: _ClassVar[AdmitReply.Outcome]
@@ -64,13 +64,15 @@ class AdmitReply(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     HELD_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     outcome: AdmitReply.Outcome
     replica: str
     url: str
     message: str
     held_ms: float
     run_id: str
-    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
+    reservation_id: str
+    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ..., run_id: _Optional[str] = ..., reservation_id: _Optional[str] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
     __slots__ = ("streamed",)
@@ -128,13 +130,33 @@ class TurnEvent(_message.Message):
     run_ended: RunEnded
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., completed: _Optional[_Union[TurnCompleted, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
 
+class WantReservations(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReservationUsed(_message.Message):
+    __slots__ = ("reservation_id", "replica", "admit")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: str
+    replica: str
+    admit: AdmitRequest
+    def __init__(self, reservation_id: _Optional[str] = ..., replica: _Optional[str] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ...) -> None: ...
+
 class DataplaneItem(_message.Message):
-    __slots__ = ("admit", "event")
+    __slots__ = ("admit", "event", "want_reservations", "reservation_used", "reservation_returned")
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    WANT_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_USED_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_RETURNED_FIELD_NUMBER: _ClassVar[int]
     admit: AdmitRequest
     event: TurnEvent
-    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+    want_reservations: WantReservations
+    reservation_used: ReservationUsed
+    reservation_returned: str
+    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ..., want_reservations: _Optional[_Union[WantReservations, _Mapping]] = ..., reservation_used: _Optional[_Union[ReservationUsed, _Mapping]] = ..., reservation_returned: _Optional[str] = ...) -> None: ...
 
 class DataplaneBatch(_message.Message):
     __slots__ = ("items",)
@@ -150,13 +172,29 @@ class Placement(_message.Message):
     reply: AdmitReply
     def __init__(self, turn_id: _Optional[str] = ..., reply: _Optional[_Union[AdmitReply, _Mapping]] = ...) -> None: ...
 
+class Reservation(_message.Message):
+    __slots__ = ("id", "replica", "url", "models")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    replica: str
+    url: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SchedulerBatch(_message.Message):
-    __slots__ = ("placements", "nothing_held")
+    __slots__ = ("placements", "nothing_held", "reservations", "revoked")
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     NOTHING_HELD_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
     nothing_held: bool
-    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., nothing_held: _Optional[bool] = ...) -> None: ...
+    reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
+    revoked: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., nothing_held: _Optional[bool] = ..., reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ..., revoked: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunState(_message.Message):
     __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s", "tool_call_ids")

@@ -1,6 +1,7 @@
 """What the scheduler decides: the actions `decide` returns for its host to carry out.
 
-`Place` and `Refuse` answer an admission; the others are news for logs, metrics and the
+`Place` and `Refuse` answer an admission; `Reserved` and `Revoked` go to a dataplane's stream
+(room it may use without asking, and room it must give back); the others are news for logs, metrics and the
 simulator (the state already reflects them). Every action names the turn or run it is about.
 """
 
@@ -18,6 +19,8 @@ class Place:
     replica: str
     url: str
     held_s: float
+    # The reservation of its dataplane's it took the room of ("" for none): see core._reserve.
+    reservation_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,4 +49,23 @@ class RunForgotten:
     reason: str
 
 
-Action = Place | Refuse | TurnExpired | RunForgotten
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """Tell `dataplane` it may send one turn to `replica` without asking (`reservation_id`)."""
+
+    reservation_id: str
+    dataplane: str
+    replica: str
+    url: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    """Tell `dataplane` to give these reservations back: a turn is held now."""
+
+    dataplane: str
+    reservation_ids: tuple[str, ...]
+
+
+Action = Place | Refuse | TurnExpired | RunForgotten | Reserved | Revoked

@@ -50,6 +50,12 @@ replica is full) does not block the ones behind it. The order is re-evaluated af
 placement, since placing a turn changes its caller's count. So after every decision no held turn
 has a replica it could go to.
 
+Reservations. While nothing is held, a placement is foregone, so a dataplane that asks is
+granted room ahead of need on the replicas its turns went to, counted like a turn placed there
+and not yet started; it sends a known run's next turn on one without asking and reports it
+used. The first held turn revokes them all (`_reserve` has the rules). A scheduler whose
+dataplanes never ask decides exactly as without them: the simulator's never do.
+
 Cost. Nothing here scans every turn or run. Held turns are indexed by group: (kind, model, the
 replica their run is pinned to, class). All turns of a group can go to the same replicas, so the
 drain asks "is there room?" once per group, and each group keeps its callers in a sorted set keyed
@@ -71,12 +77,16 @@ from immutables import Map
 
 from luftpause import lifecycle
 from luftpause.scheduler import admission
-from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
+from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
+    DataplaneLeft,
     Event,
     FirstToken,
     PoolConfigured,
     ReplicaProbed,
+    ReservationReturned,
+    ReservationsWanted,
+    ReservationUsed,
     Resynced,
     RunEnded,
     Tick,
@@ -88,11 +98,13 @@ from luftpause.scheduler.events import (
 )
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 from luftpause.scheduler.state import (
+    RESERVED_CALLER,
     Group,
     Kind,
     Lane,
     Phase,
     Replica,
+    Reservation,
     Run,
     ServiceClass,
     State,
@@ -102,6 +114,8 @@ from luftpause.scheduler.state import (
 
 # A placed turn whose end is never reported (the dataplane crashed mid-turn) is dropped after this.
 TURN_TIMEOUT_S = 600.0
+# A dataplane that sent no turn to a replica for this long holds no reservation there (`_reserve`).
+RESERVE_WINDOW_S = 1.0
 # A run with no turn for this long is forgotten (a rule shared with the dataplane).
 RUN_IDLE_EXPIRY_S = lifecycle.RUN_IDLE_EXPIRY_S
 
@@ -139,6 +153,10 @@ def decide(state: State, event: Event) -> Decision:
         rooms = _rooms(tx)
         if tx.may_place or _entered_may_place(tx, *rooms):
             _drain(tx, actions, *rooms)
+    if tx.reserving or tx.reservations:
+        # A reservation given back is room its dataplane wants for a turn it is about to admit
+        # (or a held turn wants): it is not granted again before that turn is decided.
+        _reserve(tx, actions, grant=type(event) is not ReservationReturned)
     return tx.freeze(), tuple(actions)
 
 
@@ -191,6 +209,8 @@ class _Tx:
     kept_order: SortedSet
     pause_estimate: Map[str, float]
     unconfirmed_interactive: Map[str, int]
+    reserving: Map[str, Map[str, float]]
+    reservations: Map[str, Reservation]
 
     __slots__ = (*State._fields, "may_place", "entered")
     # Set by whatever may let a held turn be placed; see `decide`.
@@ -267,14 +287,20 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
             _refresh_router(tx, name)
 
     kept: list[Turn] = []
+    gone: dict[str, list[str]] = {}
     for turn in sorted(tx.turns.values(), key=lambda t: t.seq):
         if turn.status is _PLACED and turn.replica not in replicas:
+            reservation = tx.reservations.get(turn.turn_id)
+            if reservation is not None and not reservation.revoked:
+                gone.setdefault(reservation.dataplane, []).append(reservation.reservation_id)
             continue  # its replica left the pool: nothing to count it against
         if turn.status is _HELD and not tx.serving.get((turn.kind, turn.model)):
             actions.append(Refuse(turn.turn_id, turn.run_id, refusal_message(turn.kind, turn.model)))
             continue
         kept.append(turn)
     _rebuild(tx, list(tx.runs.values()), kept)
+    # Its dataplane must not send a turn there on a reservation it still holds.
+    actions.extend(Revoked(dataplane, tuple(ids)) for dataplane, ids in sorted(gone.items()))
 
 
 def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
@@ -336,18 +362,23 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
     # Counted open before the run is touched, so the run leaves the quiet index once, not twice.
     _open(tx, turn.run_id, 1)
     if _tracks_run(turn):
-        run = tx.runs.get(e.run_id)
-        # The class and caller are per turn; the run carries the latest.
-        if run is None:
-            run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at, dataplane=e.dataplane)
-        else:
-            if run.phase is _PAUSED:
-                # Back from a tool: how long its caller's tools take is what a kept slot lasts.
-                estimate = admission.learn_pause(tx.pause_estimate.get(e.caller), e.at - run.last_activity)
-                tx.pause_estimate = tx.pause_estimate.set(e.caller, estimate)
-            run = run.came_back(e.service_class, e.caller, e.at, e.dataplane)
-        _set_run(tx, e.run_id, run)
+        _run_came_back(tx, e)
     _hold(tx, turn, _group(tx, turn))
+
+
+def _run_came_back(tx: _Tx, e: TurnArrived) -> None:
+    """A turn of the run arrived: the run is created, or carries the turn's class and caller."""
+    run = tx.runs.get(e.run_id)
+    # The class and caller are per turn; the run carries the latest.
+    if run is None:
+        run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at, dataplane=e.dataplane)
+    else:
+        if run.phase is _PAUSED:
+            # Back from a tool: how long its caller's tools take is what a kept slot lasts.
+            estimate = admission.learn_pause(tx.pause_estimate.get(e.caller), e.at - run.last_activity)
+            tx.pause_estimate = tx.pause_estimate.set(e.caller, estimate)
+        run = run.came_back(e.service_class, e.caller, e.at, e.dataplane)
+    _set_run(tx, e.run_id, run)
 
 
 # A turn's progress does not touch its run's last activity: a run with a turn open is never
@@ -412,6 +443,9 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
 
 def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
     tx.may_place = True
+    # Its reservations go with its old stream; it asks again on its new one.
+    if e.dataplane in tx.reserving:
+        tx.reserving = tx.reserving.delete(e.dataplane)
     # What other dataplanes sent stays: their placed turns, and the runs whose latest turn came
     # through them, unless this view names the run and saw it more recently.
     named = {r.run_id: r for r in e.runs}
@@ -466,6 +500,55 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
     _rebuild(tx, list(runs.values()), sorted(turns.values(), key=lambda t: t.seq))
 
 
+def _reservations_wanted(tx: _Tx, e: ReservationsWanted, actions: list[Action]) -> None:
+    if e.dataplane not in tx.reserving:
+        tx.reserving = tx.reserving.set(e.dataplane, Map())
+
+
+def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> None:
+    """The turn went to the reservation's replica without asking: its placeholder becomes the turn."""
+    if e.reservation_id in tx.reservations:
+        _end_turn(tx, e.reservation_id, e.at, False, touch=False)
+    t = e.turn
+    replica = tx.replicas.get(e.replica)
+    if t.turn_id in tx.turns or replica is None:
+        return  # already known (a duplicate report), or a replica no longer in the pool
+    turn = Turn(
+        t.turn_id, t.run_id, t.service_class, t.caller, t.model, t.kind, e.at, tx.next_seq,
+        _PLACED, replica.name, tx.now, dataplane=t.dataplane,
+    )  # fmt: skip
+    tx.next_seq += 1
+    tx.turns = tx.turns.set(turn.turn_id, turn)
+    _open(tx, turn.run_id, 1)
+    tracked = _tracks_run(turn)
+    if tracked:
+        _run_came_back(tx, t)
+    _count_placed(tx, turn, 1)
+    if tracked:
+        _set_run(tx, turn.run_id, tx.runs[turn.run_id].placed_on(replica.name, tx.now))
+    _sent_there(tx, t.dataplane, replica.name)
+
+
+def _reservation_returned(tx: _Tx, e: ReservationReturned, actions: list[Action]) -> None:
+    if e.reservation_id in tx.reservations:
+        _end_turn(tx, e.reservation_id, e.at, False, touch=False)
+
+
+def _sent_there(tx: _Tx, dataplane: str, replica: str) -> None:
+    """A turn of `dataplane` went to `replica` now: where it wants reservations, if it takes them."""
+    sent = tx.reserving.get(dataplane)
+    if sent is not None:
+        tx.reserving = tx.reserving.set(dataplane, sent.set(replica, tx.now))
+
+
+def _dataplane_left(tx: _Tx, e: DataplaneLeft, actions: list[Action]) -> None:
+    if e.dataplane in tx.reserving:
+        tx.reserving = tx.reserving.delete(e.dataplane)
+    for reservation in list(tx.reservations.values()):
+        if reservation.dataplane == e.dataplane:
+            _end_turn(tx, reservation.reservation_id, e.at, False, touch=False)
+
+
 _HANDLERS: dict[type, Callable[[_Tx, Any, list[Action]], None]] = {
     PoolConfigured: _pool_configured,
     ReplicaProbed: _replica_probed,
@@ -478,6 +561,10 @@ _HANDLERS: dict[type, Callable[[_Tx, Any, list[Action]], None]] = {
     RunEnded: _run_ended,
     Tick: _tick,
     Resynced: _resynced,
+    ReservationsWanted: _reservations_wanted,
+    ReservationUsed: _reservation_used,
+    ReservationReturned: _reservation_returned,
+    DataplaneLeft: _dataplane_left,
 }
 
 
@@ -602,6 +689,8 @@ def _end_turn(
     turn = tx.turns.get(turn_id)
     if turn is None:
         return None  # already gone: expired, resynced away, or never ours
+    if turn.caller == RESERVED_CALLER and turn_id in tx.reservations:
+        tx.reservations = tx.reservations.delete(turn_id)
     tracked = _tracks_run(turn)
     if turn.status is _HELD:
         _unhold(tx, turn, _group(tx, turn))
@@ -633,7 +722,9 @@ def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
     tx.in_flight_by_replica = _bump(tx.in_flight_by_replica, turn.replica, delta)
     _set_caller_in_flight(tx, turn.caller, tx.in_flight_by_caller.get(turn.caller, 0) + delta)
     key = (turn.placed_at, turn.seq, turn.turn_id)
-    tx.placed_order = tx.placed_order.add(key) if delta > 0 else tx.placed_order.remove(key)
+    if turn.caller != RESERVED_CALLER:
+        # A reservation lasts as long as its dataplane's stream, however quiet: it never times out.
+        tx.placed_order = tx.placed_order.add(key) if delta > 0 else tx.placed_order.remove(key)
     if _tracks_run(turn):
         tx.run_placed = _bump(tx.run_placed, turn.run_id, delta)
     if not turn.confirmed:
@@ -831,20 +922,23 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
         _set_run(tx, run.run_id, run)
     for turn in turns:
         _add_turn(tx, turn)
+    # A reservation lasts exactly as long as its placeholder (a resync drops its dataplane's).
+    if tx.reservations:
+        tx.reservations = Map({k: r for k, r in tx.reservations.items() if k in tx.turns})
 
 
 # --- placement --------------------------------------------------------------------------------
 
 
-def _room_of(tx: _Tx, replica: Replica) -> tuple[bool, bool]:
+def _room_of(tx: _Tx, replica: Replica, spare: int = 0) -> tuple[bool, bool]:
     """Whether `replica` has room for (an interactive turn, a batch turn): `admission.room` over
-    the counts the indexes keep."""
+    the counts the indexes keep; with `spare`, room left beside that many more turns of ours."""
     name = replica.name
     waiting = tx.unconfirmed.get(name)
     others = replica.others_waiting
     return admission.room(
         replica,
-        (len(waiting) if waiting is not None else 0) + others,
+        (len(waiting) if waiting is not None else 0) + others + spare,
         tx.unconfirmed_interactive.get(name, 0) + others,
         tx.paused_by_replica.get(name, 0),
     )
@@ -968,3 +1062,139 @@ def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
             run.run_id,
             run.placed_on(replica.name, tx.now),
         )
+
+
+# --- reservations -----------------------------------------------------------------------------
+
+
+def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
+    """Sets room aside for dataplanes while nothing is held, and takes it back when something is.
+
+    A turn admitted the usual way waits a round trip to the scheduler before its engine request
+    goes out, though while nothing is held the answer is foregone: the run's replica, if it has
+    room. So a dataplane that asks for reservations (`ReservationsWanted`) gets reservations on
+    each replica its turns have been placed on, while that replica has room for a batch turn
+    (the stricter class) and nothing is held anywhere: one at a time to each dataplane in turn,
+    at most the replica's lookahead each, and where more than one dataplane wants them never
+    the replica's last turn of room, which stays free for whichever asks. A dataplane wants them
+    where one of its turns went within `RESERVE_WINDOW_S`; one that has sent nothing there for
+    that long has its reservations there revoked and gets none until a turn of its goes there
+    again, so room does not sit with a dataplane that has stopped sending there. A reservation
+    is counted by a placeholder turn, placed, unconfirmed and interactive, so it takes room from
+    both classes and the replica's room is what it would be had a turn of either class been
+    placed there. The dataplane sends
+    a turn of a run that last ran there straight to it and reports the reservation used; the
+    turn then takes its placeholder's place, and the decision grants another if there is room.
+    A turn it cannot send on one (a run it does not know, another replica's) it admits the usual
+    way, giving back first, in the same message, its reservations on replicas serving the turn's
+    model; and while only its turns are held, one that its own dataplane holds a reservation for
+    where it may go (granted while the turn was on its way) takes that reservation's room, the
+    placement naming it: its own reservations never keep a dataplane's turns waiting.
+
+    Once a turn is held, every reservation is revoked (`Revoked`), and so is one on a replica
+    that turned unhealthy: it still counts until its dataplane gives it back or reports it used,
+    whichever its message says first, so room is never counted twice; the held turn is placed
+    when the room comes back. A dataplane's reservations end with its stream (`DataplaneLeft`)
+    or its resync, never by the turn timeout (a revoked one counts until given back), and one
+    whose replica leaves the pool is revoked as it goes.
+    """
+    for action in actions:
+        if type(action) is Place:
+            turn = tx.turns.get(action.turn_id)
+            if turn is not None and turn.kind is _GENERATIVE:
+                _sent_there(tx, turn.dataplane, action.replica)
+    # Per dataplane, the replicas it sent a turn to within the window: where it wants room.
+    wanting = [
+        (dataplane, {name for name, at in sent.items() if tx.now - at <= RESERVE_WINDOW_S})
+        for dataplane, sent in sorted(tx.reserving.items())
+    ]
+    fresh = {(dataplane, name) for dataplane, names in wanting for name in names}
+    if tx.held_groups and any(not r.revoked for r in tx.reservations.values()):
+        _take_own_reservations(tx, actions)
+    held = bool(tx.held_groups)
+    revoke: dict[str, list[str]] = {}
+    for reservation in tx.reservations.values():
+        if not reservation.revoked and (
+            held
+            or not tx.replicas[reservation.replica].healthy
+            or (reservation.dataplane, reservation.replica) not in fresh
+        ):
+            revoke.setdefault(reservation.dataplane, []).append(reservation.reservation_id)
+    for dataplane in sorted(revoke):
+        ids = sorted(revoke[dataplane])
+        for reservation_id in ids:
+            tx.reservations = tx.reservations.set(
+                reservation_id, tx.reservations[reservation_id]._replace(revoked=True)
+            )
+        actions.append(Revoked(dataplane, tuple(ids)))
+    if held or not grant or not tx.reserving:
+        return
+    have: dict[tuple[str, str], int] = {}
+    for r in tx.reservations.values():
+        have[(r.dataplane, r.replica)] = have.get((r.dataplane, r.replica), 0) + 1
+    # Where several dataplanes want room, a turn's worth is left free for whichever asks.
+    contested: set[str] = set()
+    seen: set[str] = set()
+    for _, wanted in wanting:
+        contested |= seen & wanted
+        seen |= wanted
+    # In rounds, one reservation per dataplane and replica each, while there is room: dataplanes
+    # share a replica's room, and none holds more than its lookahead (one where it is uncapped).
+    granted = True
+    while granted:
+        granted = False
+        for dataplane, wanted in wanting:
+            for name in tx.order:
+                if name not in wanted:
+                    continue
+                replica = tx.replicas[name]
+                if (
+                    have.get((dataplane, name), 0) >= max(replica.lookahead, 1)
+                    or not _room_of(tx, replica, 1 if name in contested else 0)[1]
+                ):
+                    continue
+                reservation_id = f"reservation-{tx.next_seq}"
+                _add_turn(
+                    tx,
+                    Turn(
+                        reservation_id, "", _INTERACTIVE, RESERVED_CALLER, "", _GENERATIVE, tx.now, tx.next_seq,
+                        _PLACED, name, tx.now, dataplane=dataplane,
+                    ),
+                )  # fmt: skip
+                tx.next_seq += 1
+                tx.reservations = tx.reservations.set(
+                    reservation_id, Reservation(reservation_id, dataplane, name)
+                )
+                have[(dataplane, name)] = have.get((dataplane, name), 0) + 1
+                actions.append(
+                    Reserved(reservation_id, dataplane, name, replica.url, tuple(sorted(replica.models)))
+                )
+                granted = True
+
+
+def _take_own_reservations(tx: _Tx, actions: list[Action]) -> None:
+    """While the turns held are all one dataplane's, those it holds a reservation (not revoked)
+    for where they may go are placed on its room, in drain order (see `_reserve`): no other
+    dataplane's turn waits for that room."""
+    held = [t for t in tx.turns.values() if t.status is _HELD]
+    if len({t.dataplane for t in held}) != 1:
+        return
+    for turn in sorted(held, key=lambda t: (t.service_class is _BATCH, t.seq)):
+        group = _group(tx, turn)
+        serving = tx.serving.get((turn.kind, turn.model), ())
+        for reservation in tx.reservations.values():
+            if (
+                reservation.dataplane == turn.dataplane
+                and not reservation.revoked
+                and reservation.replica in serving
+                and (group.pin is None or group.pin == reservation.replica)
+                and tx.replicas[reservation.replica].healthy
+            ):
+                _end_turn(tx, reservation.reservation_id, tx.now, False, touch=False)
+                replica = tx.replicas[reservation.replica]
+                _place(tx, turn, group, replica)
+                actions.append(
+                    Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at,
+                          reservation.reservation_id)
+                )  # fmt: skip
+                break

@@ -194,6 +194,42 @@ class Resynced:
     dataplane: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ReservationsWanted:
+    """A dataplane takes reservations (see `core._reserve`): it opened a Turns stream and asked."""
+
+    dataplane: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationUsed:
+    """A dataplane sent `turn` to the replica of its reservation without asking: the turn is
+    placed there as of `at`. `replica` is the reservation's, so the turn is counted where it
+    went even if the reservation had been dropped meanwhile."""
+
+    reservation_id: str
+    replica: str
+    turn: TurnArrived
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationReturned:
+    """A dataplane gave a reservation back unused."""
+
+    reservation_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneLeft:
+    """A dataplane's Turns stream ended: its reservations are void, and it gets no more until it asks again."""
+
+    dataplane: str
+    at: float
+
+
 Event = (
     PoolConfigured
     | ReplicaProbed
@@ -206,4 +242,8 @@ Event = (
     | RunEnded
     | Tick
     | Resynced
+    | ReservationsWanted
+    | ReservationUsed
+    | ReservationReturned
+    | DataplaneLeft
 )

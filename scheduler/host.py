@@ -6,7 +6,10 @@ or after being held) goes back on the same stream; every other item becomes the 
 event, stamped with this process's monotonic clock on receipt. A stream that ends abandons the
 turns still waiting on it. Every stream is told whether the core holds any turn (at its start
 and whenever that changes, in every message): while it holds none, no decision waits on a
-turn's events, and the dataplane lets them ride with its next admission. A Resync becomes `Resynced`, scoped to the dataplane that sent it.
+turn's events, and the dataplane lets them ride with its next admission. A dataplane that asks
+for reservations gets the core's `Reserved` and `Revoked` on its latest stream; the stream's end
+(or a newer stream of the same dataplane) voids them (`DataplaneLeft`). A Resync becomes
+`Resynced`, scoped to the dataplane that sent it.
 An admit without a run header is put in its run here (`run_identity`), by the tool_call_ids it
 echoes, so that it is found whichever dataplane its run's last turn went through. The prober and a 1 s tick
 feed `ReplicaProbed` and `Tick`. With `LUFTPAUSE_TOKEN` set, the gRPC port takes only calls that
@@ -37,7 +40,7 @@ from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.proto import DATAPLANE_KEY, pb, rpc
 from luftpause.scheduler import events as ev
-from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
+from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.prober import run_prober
 from luftpause.scheduler.run_identity import RunIdentity
@@ -60,12 +63,25 @@ class Link:
     (by turn id, with their run), the placements ready to be written to it, and whether it has
     yet to hear that the scheduler started or stopped holding turns."""
 
-    __slots__ = ("dataplane", "waiting", "outbox", "nothing_held", "told", "ready", "closed")
+    __slots__ = (
+        "dataplane",
+        "waiting",
+        "outbox",
+        "reserved",
+        "revoked",
+        "nothing_held",
+        "told",
+        "ready",
+        "closed",
+    )
 
     def __init__(self, dataplane: str = "") -> None:
         self.dataplane = dataplane
         self.waiting: dict[str, str] = {}
         self.outbox: list[pb.Placement] = []
+        # Reservations granted and revoked since the last message (see core._reserve).
+        self.reserved: list[pb.Reservation] = []
+        self.revoked: list[str] = []
         self.nothing_held = False
         self.told = True
         self.ready = asyncio.Event()
@@ -74,6 +90,18 @@ class Link:
     def answer(self, action: Place | Refuse) -> None:
         self.waiting.pop(action.turn_id, None)
         self.outbox.append(placement(action))
+        self.ready.set()
+
+    def reserve(self, action: Reserved) -> None:
+        self.reserved.append(
+            pb.Reservation(
+                id=action.reservation_id, replica=action.replica, url=action.url, models=action.models
+            )
+        )
+        self.ready.set()
+
+    def revoke(self, action: Revoked) -> None:
+        self.revoked.extend(action.reservation_ids)
         self.ready.set()
 
     def tell(self, nothing_held: bool) -> None:
@@ -89,10 +117,15 @@ class Link:
         out, self.outbox = self.outbox, []
         if not self.closed:
             self.ready.clear()
-        if not out and self.told:
+        if not out and self.told and not self.reserved and not self.revoked:
             return None
         self.told = True
-        return pb.SchedulerBatch(placements=out, nothing_held=self.nothing_held)
+        batch = pb.SchedulerBatch(placements=out, nothing_held=self.nothing_held)
+        if self.reserved or self.revoked:
+            batch.reservations.extend(self.reserved)
+            batch.revoked.extend(self.revoked)
+            self.reserved, self.revoked = [], []
+        return batch
 
     def close(self) -> None:
         self.closed = True
@@ -112,6 +145,7 @@ def placement(action: Place | Refuse) -> pb.Placement:
             url=action.url,
             held_ms=action.held_s * 1000.0,
             run_id=action.run_id,
+            reservation_id=action.reservation_id,
         )
     return pb.Placement(turn_id=action.turn_id, reply=reply)
 
@@ -144,6 +178,8 @@ class SchedulerHost:
         self._waiting: dict[str, Link] = {}
         # Every Turns stream open, and whether they were last told that nothing is held.
         self._links: set[Link] = set()
+        # Each dataplane's latest stream: where its reservations go.
+        self._link_of: dict[str, Link] = {}
         self._nothing_held = True
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
@@ -179,6 +215,14 @@ class SchedulerHost:
             case RunForgotten():
                 log.debug("run %s forgotten (%s)", action.run_id, action.reason)
                 self.identity.forget(action.run_id)
+            case Reserved() | Revoked():
+                # The core grants only to a dataplane whose stream is open (DataplaneLeft ends them).
+                owner = self._link_of.get(action.dataplane)
+                if owner is not None:
+                    if isinstance(action, Reserved):
+                        owner.reserve(action)
+                    else:
+                        owner.revoke(action)
 
     def _log_health_change(self, before: State, probe: ev.ReplicaProbed) -> None:
         old = before.replicas.get(probe.name)
@@ -234,6 +278,11 @@ class SchedulerHost:
     def connect(self, link: Link) -> None:
         self.dataplanes.setdefault(link.dataplane, DataplaneSeen()).streams += 1
         self._links.add(link)
+        previous = self._link_of.get(link.dataplane)
+        self._link_of[link.dataplane] = link
+        if previous is not None:
+            # It reconnected while its old stream is still open here: what that one was granted is void.
+            self.feed(ev.DataplaneLeft(link.dataplane, self.clock()))
         link.tell(self._nothing_held)
 
     def dataplane_documents(self) -> list[dict[str, Any]]:
@@ -245,6 +294,9 @@ class SchedulerHost:
         link.close()
         self._links.discard(link)
         self.dataplanes[link.dataplane].streams -= 1
+        if self._link_of.get(link.dataplane) is link:
+            del self._link_of[link.dataplane]
+            self.feed(ev.DataplaneLeft(link.dataplane, self.clock()))
         for turn_id, run_id in list(link.waiting.items()):
             if self._waiting.get(turn_id) is link:
                 self.abandon(turn_id, run_id)
@@ -359,14 +411,30 @@ class SchedulerService(rpc.SchedulerServicer):
 
     def _apply(self, item: pb.DataplaneItem, link: Link) -> None:
         host = self.host
-        if item.WhichOneof("item") == "admit":
-            request = item.admit
-            if not request.turn_id:
-                log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
+        match item.WhichOneof("item"):
+            case "admit":
+                request = item.admit
+                if not request.turn_id:
+                    log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
+                    return
+                arrived = ev.TurnArrived(**_turn_fields(request), at=host.clock(), dataplane=link.dataplane)
+                host.admit(arrived, link, request.echoed_tool_call_ids)
                 return
-            arrived = ev.TurnArrived(**_turn_fields(request), at=host.clock(), dataplane=link.dataplane)
-            host.admit(arrived, link, request.echoed_tool_call_ids)
-            return
+            case "reservation_used":
+                used = item.reservation_used
+                if not used.admit.turn_id:
+                    log.warning("a used reservation without a turn_id was ignored (%r)", used.reservation_id)
+                    return
+                at = host.clock()
+                arrived = ev.TurnArrived(**_turn_fields(used.admit), at=at, dataplane=link.dataplane)
+                host.feed(ev.ReservationUsed(used.reservation_id, used.replica, arrived, at))
+                return
+            case "reservation_returned":
+                host.feed(ev.ReservationReturned(item.reservation_returned, host.clock()))
+                return
+            case "want_reservations":
+                host.feed(ev.ReservationsWanted(link.dataplane, host.clock()))
+                return
         message = item.event
         if message.WhichOneof("event") == "abandoned":
             host.abandon(message.turn_id, message.run_id)

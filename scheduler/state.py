@@ -169,6 +169,25 @@ class Turn(NamedTuple):
         )  # fmt: skip
 
 
+# The caller a reservation's placeholder turn is counted under: no client's (a header cannot hold
+# a NUL), so no caller's fairness count includes another dataplane's reservations.
+RESERVED_CALLER = "\x00reserved"
+
+
+class Reservation(NamedTuple):
+    """Room on `replica` set aside for `dataplane` while nothing is held (see `core._reserve`).
+
+    It is counted there by a placeholder turn of the same id (run "", caller `RESERVED_CALLER`,
+    interactive, placed and unconfirmed), so every count that limits the replica sees it, for
+    either class, until the dataplane uses it (the placeholder becomes its turn) or gives it back."""
+
+    reservation_id: str
+    dataplane: str
+    replica: str
+    # Told to give it back: a turn is held. It still counts until the dataplane answers.
+    revoked: bool = False
+
+
 class Group(NamedTuple):
     """Where a held turn may go, as far as its own fields and its run's pin say. Held turns of
     one group are all placeable or all not, so the drain asks once per group, never once per turn."""
@@ -197,7 +216,7 @@ _NO_MAP: Map[Any, Any] = Map()
 class State(NamedTuple):
     """The scheduler's whole state. Build it with `State()` and feed it `PoolConfigured` first.
 
-    The first six fields are the facts; the rest are indexes over them that `decide` keeps
+    The first six fields and the last two (reservations) are the facts; the rest are indexes over them that `decide` keeps
     current so that no decision scans every turn or run. They are derived data: two states with
     equal facts reached by the same events have equal indexes too.
     """
@@ -249,12 +268,21 @@ class State(NamedTuple):
     pause_estimate: Map[str, float] = _NO_MAP
     # Per replica, how many of `unconfirmed` are interactive turns.
     unconfirmed_interactive: Map[str, int] = _NO_MAP
+    # Reservations (see `core._reserve`): per dataplane that takes them, the replicas its turns
+    # went to and when last (where it may get them); and those granted, by id.
+    reserving: Map[str, Map[str, float]] = _NO_MAP
+    reservations: Map[str, Reservation] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]
 
     def placed(self) -> list[Turn]:
-        return [t for t in self.turns.values() if t.status is TurnStatus.PLACED]
+        """Turns placed on a replica, reservations' placeholders not among them."""
+        return [
+            t
+            for t in self.turns.values()
+            if t.status is TurnStatus.PLACED and t.turn_id not in self.reservations
+        ]
 
     def in_flight(self, replica: str) -> int:
         """Our turns placed on `replica` and not yet reported done."""

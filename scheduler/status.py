@@ -43,6 +43,9 @@ def status_document(state: State, now: float) -> dict[str, Any]:
     for t in state.placed():
         assert t.replica is not None
         in_flight[t.replica] = in_flight.get(t.replica, 0) + 1
+    reserved: dict[str, int] = {}
+    for reservation in state.reservations.values():
+        reserved[reservation.replica] = reserved.get(reservation.replica, 0) + 1
     replicas = [
         {
             "name": r.name,
@@ -64,6 +67,8 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "running": r.running,
             "waiting": r.waiting,
             "paused_interactive": state.paused_interactive(r.name),
+            # Room set aside for dataplanes while nothing is held (counted in waiting_ours).
+            "reserved": reserved.get(r.name, 0),
         }
         for r in state.replicas_in_order()
     ]

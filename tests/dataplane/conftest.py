@@ -91,14 +91,19 @@ class FakeScheduler(rpc.SchedulerServicer):
 
         async def read() -> None:
             async for batch in request_iterator:
+                # It grants no reservations, as a scheduler that knows nothing of them would not:
+                # a dataplane's request for them goes unanswered and unrecorded.
+                items = [i for i in batch.items if i.WhichOneof("item") != "want_reservations"]
+                if not items:
+                    continue
                 self.messages.append(
                     [
                         ("admit", i.admit.turn_id) if i.WhichOneof("item") == "admit" else
                         (i.event.WhichOneof("event"), i.event.turn_id)
-                        for i in batch.items
+                        for i in items
                     ]
                 )  # fmt: skip
-                for item in batch.items:
+                for item in items:
                     if item.WhichOneof("item") == "admit":
                         request = item.admit
                         self.admits.append(request)

@@ -47,6 +47,7 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "running": 2,
             "waiting": 1,
             "paused_interactive": 0,
+            "reserved": 0,
         },
         {
             "name": "b",
@@ -64,6 +65,7 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "running": None,
             "waiting": None,
             "paused_interactive": 0,
+            "reserved": 0,
         },
         {
             "name": "hosted",
@@ -81,6 +83,7 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "running": None,
             "waiting": None,
             "paused_interactive": 0,
+            "reserved": 0,
         },
     ]
 
