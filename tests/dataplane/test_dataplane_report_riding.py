@@ -15,6 +15,7 @@ a second client plays a second dataplane. What a user must see:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -71,6 +72,23 @@ async def _client(port: int, name: str = "") -> SchedulerClient:
     await client.start()
     await until(lambda: client.connected, what=f"dataplane {name or '1'} to resync and connect")
     return client
+
+
+@contextlib.asynccontextmanager
+async def two_dataplanes(
+    tmp_path: Path, lookahead: int
+) -> AsyncIterator[tuple[SchedulerHost, SchedulerClient, SchedulerClient]]:
+    """The real scheduler host on one replica of `lookahead`, and two dataplanes' clients on it."""
+    host = SchedulerHost(_config(tmp_path, lookahead=lookahead))
+    server, port = await _serve(SchedulerService(host))
+    first = await _client(port, "dp-1")
+    second = await _client(port, "dp-2")
+    try:
+        yield host, first, second
+    finally:
+        await first.close()
+        await second.close()
+        await server.stop(grace=None)
 
 
 # Time between a turn's events as an engine's reply spreads them (not a wait for a condition: the
@@ -139,12 +157,8 @@ async def test_a_last_turns_end_reaches_the_scheduler_on_its_own_soon(tmp_path: 
 async def test_a_turn_held_for_one_dataplane_is_placed_when_anothers_first_token_confirms_room(
     tmp_path: Path, events_never_ride_out_alone: None
 ):
-    host = SchedulerHost(_config(tmp_path, lookahead=1))
-    server, port = await _serve(SchedulerService(host))
-    first = await _client(port, "dp-1")
-    second = await _client(port, "dp-2")
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    try:
+    async with two_dataplanes(tmp_path, lookahead=1) as (host, first, second):
         placed = await asyncio.wait_for(first.admit(_request("t-a", "r-a"), never), timeout=5)
         assert placed is not None
         first.started("t-a", "r-a", streamed=True)
@@ -155,10 +169,6 @@ async def test_a_turn_held_for_one_dataplane_is_placed_when_anothers_first_token
         first.first_token("t-a", "r-a")  # the engine started t-a: room for t-b
         reply = await asyncio.wait_for(waiting, timeout=5)
         assert reply is not None and reply.outcome == pb.AdmitReply.PLACED
-    finally:
-        await first.close()
-        await second.close()
-        await server.stop(grace=None)
 
 
 async def test_a_reply_that_pauses_its_run_reaches_the_scheduler_at_once(

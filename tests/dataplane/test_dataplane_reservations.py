@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import until
-from test_dataplane_report_riding import _client, _config, _request, _serve
+from test_dataplane_report_riding import _client, _config, _request, _serve, two_dataplanes
 
 from luftpause.dataplane.runs import PlacedTurn
 from luftpause.dataplane.scheduler_client import SchedulerClient
@@ -81,12 +81,8 @@ async def test_a_runs_next_turn_goes_without_waiting_for_the_scheduler(
 
 
 async def test_a_turn_held_behind_reservations_is_placed_when_they_are_given_back(tmp_path: Path):
-    host = SchedulerHost(_config(tmp_path, lookahead=1))
-    server, port = await _serve(SchedulerService(host))
-    first = await _client(port, "dp-1")
-    second = await _client(port, "dp-2")
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    try:
+    async with two_dataplanes(tmp_path, lookahead=1) as (host, first, second):
         await _whole_turn(first, "t1", "r-1")
         # dp-1 now holds the replica's one turn of room.
         await until(
@@ -101,7 +97,3 @@ async def test_a_turn_held_behind_reservations_is_placed_when_they_are_given_bac
         assert reply is not None and reply.outcome == pb.AdmitReply.PLACED
         assert [t.turn_id for t in host.state.placed()] == ["t2"]
         assert host.state.waiting_ours(reply.replica) == 1
-    finally:
-        await first.close()
-        await second.close()
-        await server.stop(grace=None)
