@@ -20,7 +20,8 @@ from importlib import resources
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from luftpause.bearer import bearer_matches
@@ -37,8 +38,9 @@ def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
     }
 
 
-def status_document(state: State, now: float) -> dict[str, Any]:
-    """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
+def per_replica(state: State) -> tuple[dict[str, int], dict[str, int]]:
+    """Per replica name: our turns in flight there (reservations' placeholders not among them),
+    and the reservations set aside there. The status document and the metrics both count so."""
     in_flight: dict[str, int] = {}
     for t in state.placed():
         assert t.replica is not None
@@ -46,6 +48,12 @@ def status_document(state: State, now: float) -> dict[str, Any]:
     reserved: dict[str, int] = {}
     for reservation in state.reservations.values():
         reserved[reservation.replica] = reserved.get(reservation.replica, 0) + 1
+    return in_flight, reserved
+
+
+def status_document(state: State, now: float) -> dict[str, Any]:
+    """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
+    in_flight, reserved = per_replica(state)
     replicas = [
         {
             "name": r.name,
@@ -126,10 +134,12 @@ def build_app(
     clock: Callable[[], float],
     token: str | None = None,
     dataplanes: Callable[[], list[dict[str, Any]]] | None = None,
+    metrics: Callable[[], bytes] | None = None,
 ) -> FastAPI:
     """The status app; `current` returns the host's state now, `clock` the time on the events'
     clock, `dataplanes` what the host knows of the dataplanes connected to it (`dataplanes` in
-    the document: each one's open Turns streams, its resyncs and what the last one carried).
+    the document: each one's open Turns streams, its resyncs and what the last one carried),
+    `metrics` the Prometheus exposition text served at /metrics (metrics.py).
 
     With `token`, the documents need it as a bearer (401 otherwise); the page itself holds no
     data and stays open, and sends the token it is given as `/?token=...` with its requests.
@@ -167,6 +177,13 @@ def build_app(
                 404, f"no run '{run_id}' is known to the scheduler (it never ran, ended, or went idle)"
             )
         return JSONResponse(doc)
+
+    if metrics is not None:
+        render = metrics
+
+        @app.get("/metrics", dependencies=[Depends(authorized)])
+        async def prometheus() -> Response:
+            return Response(render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:
