@@ -52,21 +52,23 @@ Buckets = list[tuple[float, float]]
 
 
 def histograms(text: str) -> dict[str, dict[str, Buckets]]:
-    """From a /metrics text: {metric: {class: buckets}} for the two histograms named in HISTOGRAMS."""
+    """From a /metrics text: {metric: {class: buckets}} for the two histograms named in HISTOGRAMS,
+    summed over their replicas."""
     wanted = set(HISTOGRAMS.values())
-    out: dict[str, dict[str, Buckets]] = {name: {} for name in wanted}
+    summed: dict[str, dict[str, dict[float, float]]] = {name: {} for name in wanted}
     for family in text_string_to_metric_families(text):
         if family.name not in wanted:
             continue
         for sample in family.samples:
             if sample.name != f"{family.name}_bucket":
                 continue
-            cls = sample.labels.get("class", "")
-            out[family.name].setdefault(cls, []).append((float(sample.labels["le"]), float(sample.value)))
-    for per_class in out.values():
-        for buckets in per_class.values():
-            buckets.sort()
-    return out
+            per_le = summed[family.name].setdefault(sample.labels.get("class", ""), {})
+            le = float(sample.labels["le"])
+            per_le[le] = per_le.get(le, 0.0) + float(sample.value)
+    return {
+        name: {cls: sorted(per_le.items()) for cls, per_le in per_class.items()}
+        for name, per_class in summed.items()
+    }
 
 
 def window_buckets(start: Buckets | None, end: Buckets) -> Buckets:
