@@ -7,8 +7,11 @@ the runs by phase, by class and by caller; each dataplane connected (its name, T
 open, resyncs and what the last one carried). `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
-runtime's own GET /status (which sends the CORS headers that allow it). With `LUFTPAUSE_TOKEN` set
-the documents need the token, which the page, opened as `/?token=...`, sends. The server runs on
+runtime's own GET /status (which sends the CORS headers that allow it), running runs first and
+with a filter; above the tables, a chart of held turns and the oldest held wait per class over
+the last 3 minutes, kept by the page from its polls. With `LUFTPAUSE_TOKEN` set the documents
+(and /metrics) need the token: the page asks for it when it meets a 401, keeps it in the tab's
+sessionStorage and sends it as an Authorization header, to the runtime too. The server runs on
 the host's event loop, so each answer is a consistent snapshot of one state.
 """
 
@@ -141,8 +144,8 @@ def build_app(
     the document: each one's open Turns streams, its resyncs and what the last one carried),
     `metrics` the Prometheus exposition text served at /metrics (metrics.py).
 
-    With `token`, the documents need it as a bearer (401 otherwise); the page itself holds no
-    data and stays open, and sends the token it is given as `/?token=...` with its requests.
+    With `token`, the documents and /metrics need it as a bearer (401 otherwise); the page itself
+    holds no data and stays open, and asks for the token when it meets a 401.
     """
     app = FastAPI(title="luftpause scheduler status", docs_url=None, redoc_url=None, openapi_url=None)
     page = resources.files("luftpause.scheduler").joinpath("status.html").read_text()
@@ -154,7 +157,7 @@ def build_app(
         header = request.headers.get("authorization")
         if not bearer_matches(header.encode("latin-1") if header else None, secret):
             raise HTTPException(
-                401, f"missing or wrong bearer token (see {TOKEN_ENV}); open the page as /?token=<token>"
+                401, f"missing or wrong bearer token (see {TOKEN_ENV}); the page at / asks for it"
             )
 
     @app.exception_handler(HTTPException)
