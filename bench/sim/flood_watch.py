@@ -244,9 +244,12 @@ def headless_chromium(browser: str, profile: Path) -> list[str]:
     ]
 
 
-def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> str | None:
-    """Renders `url` to the PNG `path`; None when it worked, else why not (no Chromium, or it
-    failed: the run goes on without a picture)."""
+def screenshot(
+    url: str, path: Path, profile: Path, timeout_s: float = 60.0, virtual_time_ms: int = 3000
+) -> str | None:
+    """Renders `url` to the PNG `path` once `virtual_time_ms` of the page's timers have run;
+    None when it worked, else why not (no Chromium, or it failed: the run goes on without a
+    picture)."""
     browser = chromium()
     if browser is None:
         return "no headless Chromium here (Debian: apt-get install -y chromium)"
@@ -255,7 +258,7 @@ def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> 
         "--hide-scrollbars",
         # The page fills its tables from its first fetch of /status after load; virtual time
         # lets that happen before the picture is taken.
-        "--virtual-time-budget=3000",
+        f"--virtual-time-budget={virtual_time_ms}",
         "--window-size=1280,900",
         f"--screenshot={path}",
         url,
