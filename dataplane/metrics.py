@@ -1,15 +1,18 @@
 """The dataplane's Prometheus metrics, served at `GET /metrics`.
 
-What an operator wants to see of the per-turn path: turns by route and by how they ended, turns
-in flight now, how long turns were held for admission and how long engines took to their first
-token (both per service class), and whether the scheduler link is up. Each process has its own
-registry (several dataplanes may share a test process); the label children are made once up
-front, so counting a turn costs one locked add, not a label lookup.
+What an operator wants to see of the per-turn path: turns by route, by how they ended and by
+service class; turns in flight now; how long turns were held for admission, how long engines
+took to their first token and how long the engine request took to its end (each per class and
+replica); engine errors by kind and replica; and whether the scheduler link is up. Each process
+has its own registry (several dataplanes may share a test process); the label children are made
+once up front for every configured replica, so counting a turn costs a dict lookup and one
+locked add, not a label lookup. Every label is bounded: routes, outcomes, classes and error
+kinds are the fixed sets below, and replicas are the config's (the scheduler names no other).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -19,46 +22,95 @@ ROUTES = ("chat", "decide")
 # reached, or the client left mid-turn; abandoned: the client left while the turn was held;
 # refused: the dataplane answered itself (bad request, unknown model, stopping).
 OUTCOMES = ("completed", "failed", "abandoned", "refused")
-# The `class` label's values, as the x-luftpause-class header names them.
+# The `class` label's values, as the x-luftpause-class header names them; a turn refused before
+# its class was read (a bad header or body) counts as "unknown".
 CLASSES = ("interactive", "batch")
+UNKNOWN_CLASS = "unknown"
+# The `kind` label of engine errors: the engine answered 4xx or 5xx; could not be reached (or
+# broke off before its reply began); did not begin its reply within the first-byte timeout;
+# broke off mid-stream or ended a stream before the reply finished; or sent a whole reply that
+# says it failed.
+ENGINE_ERRORS = ("http_4xx", "http_5xx", "unreachable", "timeout", "broke_off", "reply_error")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # 1-2.5-5 steps from 10 ms to 60 s, where both times are worth telling apart. Admission also
 # gets 1 and 5 ms (a turn placed at once costs one gRPC round trip) and 2 and 10 minutes (a turn
-# held behind a busy pool can wait that long).
+# held behind a busy pool can wait that long); a whole turn may take minutes too.
 _STEPS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _HELD_BUCKETS = (0.001, 0.005, *_STEPS, 120.0, 600.0)
 _FIRST_TOKEN_BUCKETS = _STEPS
+_TURN_BUCKETS = (*_STEPS, 120.0, 300.0, 600.0)
+
+
+class _PerClassAndReplica:
+    """A histogram labelled by class and replica, its children made up front for the replicas
+    configured (one the config does not name gets its child when first seen)."""
+
+    def __init__(self, histogram: Histogram, replicas: Iterable[str]) -> None:
+        self._histogram = histogram
+        self._children = {(c, r): histogram.labels(c, r) for c in CLASSES for r in replicas}
+
+    def observe(self, service_class: str, replica: str, seconds: float) -> None:
+        child = self._children.get((service_class, replica))
+        if child is None:
+            child = self._children[service_class, replica] = self._histogram.labels(service_class, replica)
+        child.observe(seconds)
 
 
 class DataplaneMetrics:
-    def __init__(self) -> None:
+    def __init__(self, replicas: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
+        replicas = tuple(replicas)
         turns = Counter(
             "luftpause_dataplane_turns",
-            "Turns through the dataplane, by route and by how they ended.",
-            ["route", "outcome"],
+            "Turns through the dataplane, by route, by how they ended and by service class.",
+            ["route", "outcome", "class"],
             registry=self.registry,
         )
-        self._turns = {(r, o): turns.labels(route=r, outcome=o) for r in ROUTES for o in OUTCOMES}
+        self._turns = {
+            (r, o, c): turns.labels(route=r, outcome=o, **{"class": c})
+            for r in ROUTES
+            for o in OUTCOMES
+            for c in (*CLASSES, UNKNOWN_CLASS)
+        }
         self.in_flight = Gauge(
             "luftpause_dataplane_turns_in_flight",
             "Turns placed on a replica whose reply has not ended yet.",
             registry=self.registry,
         )
-        self._admission = self._per_class(
+        self._admission = self._per_class_and_replica(
             "luftpause_dataplane_admission_seconds",
             "Time from asking the scheduler to admit a turn to its placement (held time included), "
-            "by service class.",
+            "by service class and the replica it was placed on.",
             _HELD_BUCKETS,
+            replicas,
         )
-        self._first_token = self._per_class(
+        self._first_token = self._per_class_and_replica(
             "luftpause_dataplane_engine_first_token_seconds",
             "Time from sending a turn's request to its engine to the first token reaching the "
             "dataplane (the whole reply, when it is not streamed): the engine's queue and prefill, "
-            "by service class.",
+            "by service class and replica.",
             _FIRST_TOKEN_BUCKETS,
+            replicas,
         )
+        self._turn = self._per_class_and_replica(
+            "luftpause_dataplane_turn_seconds",
+            "Time from sending a turn's request to its engine to the turn's end there (completed "
+            "or failed), by service class and replica.",
+            _TURN_BUCKETS,
+            replicas,
+        )
+        errors = Counter(
+            "luftpause_dataplane_engine_errors",
+            "Engine requests that went wrong, by kind (http_4xx, http_5xx, unreachable, timeout, "
+            "broke_off, reply_error) and replica.",
+            ["kind", "replica"],
+            registry=self.registry,
+        )
+        self._errors = errors
+        for kind in ENGINE_ERRORS:
+            for r in replicas:
+                errors.labels(kind, r)
         self._connected = Gauge(
             "luftpause_dataplane_scheduler_connected",
             "1 while the scheduler link is resynced and reporting, else 0 (turns are held).",
@@ -68,21 +120,32 @@ class DataplaneMetrics:
     def watch_scheduler(self, connected: Callable[[], bool]) -> None:
         self._connected.set_function(lambda: 1.0 if connected() else 0.0)
 
-    def _per_class(self, name: str, documentation: str, buckets: tuple[float, ...]) -> dict[str, Histogram]:
-        """A histogram labelled by service class, as its children made up front."""
-        histogram = Histogram(name, documentation, ["class"], buckets=buckets, registry=self.registry)
-        return {c: histogram.labels(c) for c in CLASSES}
+    def _per_class_and_replica(
+        self, name: str, documentation: str, buckets: tuple[float, ...], replicas: tuple[str, ...]
+    ) -> _PerClassAndReplica:
+        histogram = Histogram(
+            name, documentation, ["class", "replica"], buckets=buckets, registry=self.registry
+        )
+        return _PerClassAndReplica(histogram, replicas)
 
-    def ended(self, route: str, outcome: str) -> None:
-        self._turns[route, outcome].inc()
+    def ended(self, route: str, outcome: str, service_class: str = UNKNOWN_CLASS) -> None:
+        self._turns[route, outcome, service_class].inc()
 
-    def admitted(self, service_class: str, seconds: float) -> None:
-        """A turn of `service_class` ("interactive" or "batch") was placed after `seconds`."""
-        self._admission[service_class].observe(seconds)
+    def admitted(self, service_class: str, replica: str, seconds: float) -> None:
+        """A turn of `service_class` ("interactive" or "batch") was placed on `replica` after `seconds`."""
+        self._admission.observe(service_class, replica, seconds)
 
-    def first_token(self, service_class: str, seconds: float) -> None:
+    def first_token(self, service_class: str, replica: str, seconds: float) -> None:
         """A turn's first token arrived `seconds` after its engine request went out."""
-        self._first_token[service_class].observe(seconds)
+        self._first_token.observe(service_class, replica, seconds)
+
+    def turn_ended(self, service_class: str, replica: str, seconds: float) -> None:
+        """A turn ended on `replica` `seconds` after its engine request went out."""
+        self._turn.observe(service_class, replica, seconds)
+
+    def engine_error(self, kind: str, replica: str) -> None:
+        """An engine request went wrong in one of the ENGINE_ERRORS ways (rare: no children kept)."""
+        self._errors.labels(kind, replica).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -55,7 +55,7 @@ from luftpause.dataplane.errors import (
     TurnRefused,
     refusal_response,
 )
-from luftpause.dataplane.metrics import DataplaneMetrics
+from luftpause.dataplane.metrics import UNKNOWN_CLASS, DataplaneMetrics
 from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
 from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
@@ -149,7 +149,7 @@ class Proxy:
         self.runs = RunBook()
         # `name`: this dataplane's, where several share the scheduler (one worker of several).
         self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token, name)
-        self.metrics = DataplaneMetrics()
+        self.metrics = DataplaneMetrics(r.name for r in config.replicas)
         self.metrics.watch_scheduler(lambda: self.scheduler.connected)
         # No overall read timeout on engine requests: a turn takes as long as the engine needs,
         # and admission, not a pool limit, bounds how many go to each engine; only an engine gone
@@ -257,14 +257,17 @@ class Proxy:
                 self.failed(turn, "the dataplane stopped")
             if not answer.started:
                 if not turn.placed:
-                    self.metrics.ended(turn.route, "refused")
+                    self.metrics.ended(turn.route, "refused", headers.class_name(turn.service_class))
                 await answer.refuse(DataplaneStopping("the dataplane is stopping; send the turn again"))
         finally:
             client_left.cancel()
 
-    async def refuse(self, answer: Answer, route: str, refusal: TurnRefused) -> None:
-        """Answers with an error of the dataplane's own, for a turn that never reached a replica."""
-        self.metrics.ended(route, "refused")
+    async def refuse(
+        self, answer: Answer, route: str, refusal: TurnRefused, service_class: str = UNKNOWN_CLASS
+    ) -> None:
+        """Answers with an error of the dataplane's own, for a turn that never reached a replica
+        (of `service_class`, "unknown" when refused before its class was read)."""
+        self.metrics.ended(route, "refused", service_class)
         await answer.refuse(refusal)
 
     async def place(
@@ -287,13 +290,15 @@ class Proxy:
                 abandoned=client_left,
             )
         except TurnRefused as refusal:
-            await self.refuse(answer, turn.route, refusal)
+            await self.refuse(answer, turn.route, refusal, headers.class_name(turn.service_class))
             return None
         if placement is None:
             log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
-            self.metrics.ended(turn.route, "abandoned")
+            self.metrics.ended(turn.route, "abandoned", headers.class_name(turn.service_class))
             return None
-        self.metrics.admitted(headers.class_name(turn.service_class), time.perf_counter() - asked)
+        self.metrics.admitted(
+            headers.class_name(turn.service_class), placement.replica, time.perf_counter() - asked
+        )
         self.metrics.in_flight.inc()
         turn.replica, turn.placed = placement.replica, True
         if turn.echoed and placement.run_id and placement.run_id != turn.run_id:
@@ -398,6 +403,7 @@ class Proxy:
         content = await self.read_whole(turn, upstream, answer, client_left)
         if content is None:
             return
+        self.metrics.engine_error("http_5xx" if upstream.status_code >= 500 else "http_4xx", turn.replica)
         self.failed(turn, f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}")
         await answer.respond(content, upstream)
 
@@ -422,6 +428,7 @@ class Proxy:
             return
         except Exception as error:
             log.warning("engine %s broke off turn %s mid-stream: %r", turn.replica, turn.id, error)
+            self.metrics.engine_error("broke_off", turn.replica)
             self.failed(turn, f"engine {turn.replica}: stream broke off: {error!r}")
             # The response is left unfinished: the connection closes without the final chunk,
             # which is how the client learns the reply is lost.
@@ -429,6 +436,7 @@ class Proxy:
             return
         observation = observer.close()
         if not observation.ran_to_its_end:
+            self.metrics.engine_error("broke_off", turn.replica)
             self.failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
             _cut_off_on_purpose.set(True)
             return
@@ -438,9 +446,9 @@ class Proxy:
     async def _engine_unreachable(self, turn: ProxiedTurn, answer: Answer, error: EngineError) -> None:
         """The engine could not be reached or broke off before its reply began: a 502; or it
         never began its reply within the first-byte timeout: a 504."""
-        refusal = (ReplicaTooSlow if isinstance(error, EngineTimedOut) else ReplicaUnreachable)(
-            turn.replica, error
-        )
+        timed_out = isinstance(error, EngineTimedOut)
+        self.metrics.engine_error("timeout" if timed_out else "unreachable", turn.replica)
+        refusal = (ReplicaTooSlow if timed_out else ReplicaUnreachable)(turn.replica, error)
         self.failed(turn, refusal.message)
         await answer.refuse(refusal)
 
@@ -456,7 +464,9 @@ class Proxy:
         if turn.first_token_seen:
             return
         turn.first_token_seen = True
-        self.metrics.first_token(headers.class_name(turn.service_class), time.perf_counter() - turn.sent_at)
+        self.metrics.first_token(
+            headers.class_name(turn.service_class), turn.replica, time.perf_counter() - turn.sent_at
+        )
         self.scheduler.first_token(turn.id, turn.scheduler_run_id)
 
     def failed(self, turn: ProxiedTurn, error: str) -> None:
@@ -467,6 +477,7 @@ class Proxy:
         """A reply that came back whole: completed (its first token first, if not told yet), or
         failed when the engine said it failed."""
         if observation.error:
+            self.metrics.engine_error("reply_error", turn.replica)
             self.failed(turn, f"engine {turn.replica}: {observation.error}")
             return
         if observation.first_token:
@@ -486,8 +497,11 @@ class Proxy:
         if turn.ended:
             return False
         turn.ended = True
+        service_class = headers.class_name(turn.service_class)
         self.metrics.in_flight.dec()
-        self.metrics.ended(turn.route, outcome)
+        self.metrics.ended(turn.route, outcome, service_class)
+        if turn.sent_at:
+            self.metrics.turn_ended(service_class, turn.replica, time.perf_counter() - turn.sent_at)
         return True
 
     # -- helpers --

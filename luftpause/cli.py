@@ -292,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
             "single_pass",
             "soak",
             "faults",
+            "status_page",
         ],  # fmt: skip
         help="which benchmark",
     )

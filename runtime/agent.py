@@ -25,6 +25,7 @@ from typing import Any
 from luftpause.lifecycle import CALLER_HEADER, CALLER_MAX_BYTES, CLASS_HEADER, RUN_ID_HEADER
 from luftpause.runtime.approvals import DECLINED_TEXT, ask_approval, needs_approval
 from luftpause.runtime.llm import Dataplane, TurnFailed
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.tool_calls import (
@@ -50,7 +51,14 @@ def caller_header(caller: str) -> str:
 class Agent:
     """Runs sub-agent loops; one instance serves every run."""
 
-    def __init__(self, dataplane: Dataplane, tool_servers: ToolServers, default_model: str) -> None:
+    def __init__(
+        self,
+        dataplane: Dataplane,
+        tool_servers: ToolServers,
+        default_model: str,
+        metrics: RuntimeMetrics | None = None,
+    ) -> None:
+        self.metrics = metrics or RuntimeMetrics()
         self.dataplane = dataplane
         self.tool_servers = tool_servers
         self.default_model = default_model
@@ -182,11 +190,14 @@ class Agent:
         if run.counters["toolCalls"] >= run.spec.maxToolCalls:
             # Several calls in one reply can overrun the budget; the extra ones are not run.
             text = f"Error: not run: the tool-call budget of {run.spec.maxToolCalls} is spent; answer with what you have."
+            tool = offered.get(call.name)
+            self.metrics.tool_call(tool.server if tool else "", "not_run")
             return {"role": "tool", "tool_call_id": call.id, "content": text}
         if not runs.check_budgets(run, calling_tool=True):
             return None
         run.counters["toolCalls"] += 1
         failed = True
+        outcome = "refused"
         tool = offered.get(call.name)
         if tool is None:
             text = f"Error: there is no tool named {call.name!r}; the tools are {', '.join(sorted(offered))}."
@@ -207,17 +218,20 @@ class Agent:
                 if not run.running:
                     return None
                 if not allowed:
+                    outcome = "declined"
                     text = DECLINED_TEXT
                 else:
                     started = time.monotonic()
                     result = await self.tool_servers.call(tool, arguments, idempotency_key=key)
                     run.counters["toolSeconds"] += time.monotonic() - started
                     failed = result.is_error
+                    outcome = "error" if failed else "ok"
                     text = (
                         f"Error: {result.text}"
                         if result.is_error and not result.text.startswith("Error")
                         else result.text
                     )
+        self.metrics.tool_call(tool.server if tool else "", outcome)
         if failed:
             run.counters["failedToolCalls"] += 1
             log.info("run %s: tool call %s failed: %s", run.handle, call.name, text[:200])

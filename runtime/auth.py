@@ -1,11 +1,12 @@
 """The runtime's bearer token (`LUFTPAUSE_TOKEN`, checked as luftpause/bearer.py says) and the CORS
 headers of its status document.
 
-With a token, `/mcp` and `GET /status` answer 401 unless the request carries
+With a token, `/mcp`, `GET /status` and `GET /metrics` answer 401 unless the request carries
 `Authorization: Bearer <token>` (or the operator token, `LUFTPAUSE_OPERATOR_TOKEN`, which
 callers.py lets see every run); the comparison takes constant time. On `/mcp` the 401's body is
-a JSON-RPC error, so that an MCP client raises it with its message; on `/status` it is the house
-error body. CORS preflights (OPTIONS)
+a JSON-RPC error, so that an MCP client raises it with its message; on `/status` and `/metrics`
+it is the house error body (a Prometheus scrape without the token reads why in its target's
+error). CORS preflights (OPTIONS)
 pass without the token, since browsers send them without credentials.
 """
 
@@ -21,7 +22,7 @@ from luftpause.errors import error_json
 
 __all__ = ["BearerAuth", "cors_headers", "guarded", "refuse"]
 
-GUARDED_PREFIXES = ("/mcp", "/status")
+GUARDED_PREFIXES = ("/mcp", "/status", "/metrics")
 # The JSON-RPC error code of a 401 on /mcp (in the range JSON-RPC leaves to servers).
 UNAUTHORIZED = -32001
 
@@ -47,7 +48,7 @@ def origin_of(scope: Scope) -> str | None:
 
 
 def guarded(scope: Scope) -> bool:
-    """/mcp and /status need the token; CORS preflights pass without it."""
+    """/mcp, /status and /metrics need the token; CORS preflights pass without it."""
     if scope.get("method") == "OPTIONS":
         return False
     path = scope.get("path", "")
@@ -56,11 +57,13 @@ def guarded(scope: Scope) -> bool:
 
 async def refuse(scope: Scope, send: Send) -> None:
     """The 401: a JSON-RPC error on /mcp (MCP clients raise it with its message), the house
-    error body on /status, with the CORS headers that let the status page read it."""
+    error body on /status (with the CORS headers that let the status page read it) and /metrics."""
     problem = "missing bearer token" if authorization_of(scope) is None else "invalid bearer token"
     message = f"{problem}: send Authorization: Bearer <{TOKEN_ENV}>"
     path = scope.get("path", "")
-    if path == "/status" or path.startswith("/status/"):
+    if path == "/metrics":
+        await send_401(send, error_json(message))
+    elif path == "/status" or path.startswith("/status/"):
         cors = [(k.encode(), v.encode("latin-1")) for k, v in cors_headers(origin_of(scope)).items()]
         await send_401(send, error_json(message), cors)
     else:

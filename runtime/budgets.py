@@ -94,11 +94,16 @@ def tripped_above(run: Run) -> Run | None:
     return next((a for a in run.ancestors() if a.budget_exceeded), None)
 
 
+def tripped_kind(message: str) -> str:
+    """Which budget a `budget exceeded: <which> <used>/<limit>` message names."""
+    return message.removeprefix("budget exceeded: ").split(" ")[0]
+
+
 def restore_tripped(run: Run) -> None:
     """Marks a restored run whose end was its own budget tripping: the tripped budget shows on its
     owner, the run whose limit the `budget exceeded: <which> ...` error names."""
     limits = run.spec.limits()
     if run.error and run.error.startswith("budget exceeded") and limits:
-        kind = run.error.removeprefix("budget exceeded: ").split(" ")[0]
+        kind = tripped_kind(run.error)
         if kind in limits:
             run.budget_exceeded = run.error

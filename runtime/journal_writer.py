@@ -26,6 +26,8 @@ import json
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from io import FileIO
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,9 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
 class JsonlWriter:
     """Appends JSON lines to the files it opened, in order, from one thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, observe: Callable[[float], None] | None = None) -> None:
+        # Told each group commit's write-and-fsync time, in seconds, from the writer thread.
+        self._observe = observe
         self._cond = threading.Condition()
         self._files: dict[Path, FileIO] = {}
         # Each open file's length up to its last durable line: a failed batch is cut back to it.
@@ -161,6 +165,7 @@ class JsonlWriter:
                 lines.setdefault(path, []).append(line)
             written: dict[Path, int] = {}
             current = None
+            began = time.perf_counter()
             try:
                 for current, text in lines.items():
                     f = files[current]
@@ -175,6 +180,8 @@ class JsonlWriter:
                 self._cut_back(files, sizes, written)
                 self._fail(JournalError(f"cannot write the journal {current}: {reason}"))
                 return
+            if self._observe is not None:
+                self._observe(time.perf_counter() - began)
             with self._cond:
                 for path, n in written.items():
                     if self._files.get(path) is files[path]:  # not closed and opened again since

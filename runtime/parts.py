@@ -22,6 +22,7 @@ from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.journal_writer import JsonlWriter
 from luftpause.runtime.llm import Dataplane
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.restore import evict, restore
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
@@ -53,12 +54,14 @@ class Runtime:
         self.state_dir = Path(state_dir or settings.state_dir)
         # Before anything reads the directory: a second runtime here must not resume these runs.
         self.state_lock = StateLock(self.state_dir)
-        self.writer = JsonlWriter()
+        self.metrics = RuntimeMetrics(s.name for s in settings.mcp_servers)
+        self.writer = JsonlWriter(self.metrics.journal_written)
         self.journal = Journal(self.state_dir, self.writer)
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
-        self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model)
-        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run)
+        self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model, self.metrics)
+        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run, self.metrics)
+        self.metrics.watch_runs(lambda: self.runs)
         self.tasks = Tasks(self.state_dir, self.runs, self.writer)
         self._evicting: asyncio.Task[None] | None = None
 

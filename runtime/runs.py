@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from luftpause.runtime.approvals import Approval
-from luftpause.runtime.budgets import spent_budget, tripped_above
+from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.journal_writer import JournalError
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.restore import from_archive
 from luftpause.runtime.run import ENDED, Run, RunStatus, UnknownRun, new_handle
 from luftpause.runtime.spec import RunSpec, initial_messages
@@ -50,8 +51,11 @@ EndHook = Callable[[str], Awaitable[None]]
 class Runs:
     """Every run this runtime knows, live or restored from the journal."""
 
-    def __init__(self, journal: Journal, driver: Driver, on_end: EndHook) -> None:
+    def __init__(
+        self, journal: Journal, driver: Driver, on_end: EndHook, metrics: RuntimeMetrics | None = None
+    ) -> None:
         self.journal = journal
+        self.metrics = metrics or RuntimeMetrics()
         self._driver = driver
         self._on_end = on_end
         self._runs: dict[str, Run] = {}
@@ -273,6 +277,7 @@ class Runs:
         is one of them) sees its run ended and stops by itself."""
         if owner.budget_exceeded is None:
             owner.budget_exceeded = message
+            self.metrics.budget_tripped(tripped_kind(message))
             log.warning("run %s: %s; cancelling its subtree", owner.handle, message)
         current = asyncio.current_task()
         for r in self._cancel_subtree(owner, message):

@@ -2,7 +2,8 @@
 
 `POST /mcp` speaks both wires of the `mcp` SDK: legacy stateful sessions (initialize, then
 mcp-session-id) and the sessionless 2026-07-28 protocol. `GET /status` returns the run tree as
-JSON, with CORS headers for the allowed origins so that the scheduler's status page can show it.
+JSON, with CORS headers for the allowed origins so that the scheduler's status page can show it;
+`GET /metrics` the runtime's Prometheus metrics (metrics.py).
 The tools are in mcp_tools.py and the parts they use in parts.py. Each spawned run is a
 sub-agent whose loop (agent.py) runs as an asyncio task in this process; every run is journaled
 (journal.py) and restored when the runtime starts again (restore.py); one runtime at a time may
@@ -10,7 +11,7 @@ use a state directory (state_lock.py).
 
 Approvals reach the harness user while an await or run covers the run, if the client advertises
 elicitation (elicitation.py). Tasks clients get run as a task (tasks.py). With `LUFTPAUSE_TOKEN`
-set, /mcp and /status need it as a bearer token (auth.py).
+set, /mcp, /status and /metrics need it as a bearer token (auth.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from luftpause.runtime import auth
 from luftpause.runtime.arguments import readable_arguments_error
 from luftpause.runtime.auth import cors_headers
 from luftpause.runtime.mcp_tools import register_tools
+from luftpause.runtime.metrics import CONTENT_TYPE
 from luftpause.runtime.parts import Runtime
 from luftpause.runtime.state_lock import StateDirInUse
 from luftpause.runtime.tasks import TasksExtension
@@ -77,6 +79,10 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         if request.method == "OPTIONS":
             return Response(status_code=204, headers=cors)
         return JSONResponse(runtime.status_document(), headers=cors)
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics_route(_: Request) -> Response:
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
 
     return mcp
 

@@ -42,6 +42,7 @@ from luftpause.proto import DATAPLANE_KEY, pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.core import decide
+from luftpause.scheduler.metrics import ACTION_NAMES, HostCounts, SchedulerCollector, registry_of
 from luftpause.scheduler.prober import run_prober
 from luftpause.scheduler.run_identity import RunIdentity
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
@@ -181,6 +182,8 @@ class SchedulerHost:
         # Each dataplane's latest stream: where its reservations go.
         self._link_of: dict[str, Link] = {}
         self._nothing_held = True
+        # Counted for the metrics as decisions are carried out (the gauges are read from the state).
+        self.counts = HostCounts()
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
     def feed(self, event: ev.Event) -> tuple[Action, ...]:
@@ -188,7 +191,11 @@ class SchedulerHost:
         self.state, actions = decide(self.state, event)
         if isinstance(event, ev.ReplicaProbed):
             self._log_health_change(before, event)
+            if not event.healthy:
+                self.counts.probe_failures[event.name] += 1
+        decisions = self.counts.decisions
         for action in actions:
+            decisions[ACTION_NAMES[type(action)]] += 1
             self._carry_out(action)
         nothing_held = not self.state.held_groups
         if nothing_held is not self._nothing_held:
@@ -262,6 +269,7 @@ class SchedulerHost:
         self.feed(resynced(request, self.clock(), dataplane))
         seen = self.dataplanes.setdefault(dataplane, DataplaneSeen())
         seen.resyncs, seen.runs, seen.turns = seen.resyncs + 1, len(request.runs), len(request.turns)
+        self.counts.resyncs += 1
         runs = self.state.runs
         self.identity.keep_only(runs)
         for r in request.runs:
@@ -284,6 +292,9 @@ class SchedulerHost:
             # It reconnected while its old stream is still open here: what that one was granted is void.
             self.feed(ev.DataplaneLeft(link.dataplane, self.clock()))
         link.tell(self._nothing_held)
+
+    def streams_open(self) -> int:
+        return len(self._links)
 
     def dataplane_documents(self) -> list[dict[str, Any]]:
         return [seen.document(name) for name, seen in sorted(self.dataplanes.items())]
@@ -580,7 +591,15 @@ async def _main(config: _config.Config) -> None:
     status = _StatusServer(
         uvicorn.Config(
             HostGuard(
-                build_app(lambda: host.state, host.clock, token, host.dataplane_documents),
+                build_app(
+                    lambda: host.state,
+                    host.clock,
+                    token,
+                    host.dataplane_documents,
+                    registry_of(
+                        SchedulerCollector(lambda: host.state, host.clock, host.counts, host.streams_open)
+                    ),
+                ),
                 allowed_hosts(config),
             ),
             log_level="warning",

@@ -7,8 +7,11 @@ the runs by phase, by class and by caller; each dataplane connected (its name, T
 open, resyncs and what the last one carried). `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
-runtime's own GET /status (which sends the CORS headers that allow it). With `LUFTPAUSE_TOKEN` set
-the documents need the token, which the page, opened as `/?token=...`, sends. The server runs on
+runtime's own GET /status (which sends the CORS headers that allow it), running runs first and
+with a filter; above the tables, a chart of held turns and the oldest held wait per class over
+the last 3 minutes, kept by the page from its polls. With `LUFTPAUSE_TOKEN` set the documents
+(and /metrics) need the token: the page asks for it when it meets a 401, keeps it in the tab's
+sessionStorage and sends it as an Authorization header, to the runtime too. The server runs on
 the host's event loop, so each answer is a consistent snapshot of one state.
 """
 
@@ -20,7 +23,8 @@ from importlib import resources
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from luftpause.bearer import bearer_matches
@@ -37,8 +41,9 @@ def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
     }
 
 
-def status_document(state: State, now: float) -> dict[str, Any]:
-    """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
+def per_replica(state: State) -> tuple[dict[str, int], dict[str, int]]:
+    """Per replica name: our turns in flight there (reservations' placeholders not among them),
+    and the reservations set aside there. The status document and the metrics both count so."""
     in_flight: dict[str, int] = {}
     for t in state.placed():
         assert t.replica is not None
@@ -46,6 +51,12 @@ def status_document(state: State, now: float) -> dict[str, Any]:
     reserved: dict[str, int] = {}
     for reservation in state.reservations.values():
         reserved[reservation.replica] = reserved.get(reservation.replica, 0) + 1
+    return in_flight, reserved
+
+
+def status_document(state: State, now: float) -> dict[str, Any]:
+    """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
+    in_flight, reserved = per_replica(state)
     replicas = [
         {
             "name": r.name,
@@ -126,13 +137,15 @@ def build_app(
     clock: Callable[[], float],
     token: str | None = None,
     dataplanes: Callable[[], list[dict[str, Any]]] | None = None,
+    metrics: Callable[[], bytes] | None = None,
 ) -> FastAPI:
     """The status app; `current` returns the host's state now, `clock` the time on the events'
     clock, `dataplanes` what the host knows of the dataplanes connected to it (`dataplanes` in
-    the document: each one's open Turns streams, its resyncs and what the last one carried).
+    the document: each one's open Turns streams, its resyncs and what the last one carried),
+    `metrics` the Prometheus exposition text served at /metrics (metrics.py).
 
-    With `token`, the documents need it as a bearer (401 otherwise); the page itself holds no
-    data and stays open, and sends the token it is given as `/?token=...` with its requests.
+    With `token`, the documents and /metrics need it as a bearer (401 otherwise); the page itself
+    holds no data and stays open, and asks for the token when it meets a 401.
     """
     app = FastAPI(title="luftpause scheduler status", docs_url=None, redoc_url=None, openapi_url=None)
     page = resources.files("luftpause.scheduler").joinpath("status.html").read_text()
@@ -144,7 +157,7 @@ def build_app(
         header = request.headers.get("authorization")
         if not bearer_matches(header.encode("latin-1") if header else None, secret):
             raise HTTPException(
-                401, f"missing or wrong bearer token (see {TOKEN_ENV}); open the page as /?token=<token>"
+                401, f"missing or wrong bearer token (see {TOKEN_ENV}); the page at / asks for it"
             )
 
     @app.exception_handler(HTTPException)
@@ -167,6 +180,13 @@ def build_app(
                 404, f"no run '{run_id}' is known to the scheduler (it never ran, ended, or went idle)"
             )
         return JSONResponse(doc)
+
+    if metrics is not None:
+        render = metrics
+
+        @app.get("/metrics", dependencies=[Depends(authorized)])
+        async def prometheus() -> Response:
+            return Response(render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:

@@ -52,21 +52,23 @@ Buckets = list[tuple[float, float]]
 
 
 def histograms(text: str) -> dict[str, dict[str, Buckets]]:
-    """From a /metrics text: {metric: {class: buckets}} for the two histograms named in HISTOGRAMS."""
+    """From a /metrics text: {metric: {class: buckets}} for the two histograms named in HISTOGRAMS,
+    summed over their replicas."""
     wanted = set(HISTOGRAMS.values())
-    out: dict[str, dict[str, Buckets]] = {name: {} for name in wanted}
+    summed: dict[str, dict[str, dict[float, float]]] = {name: {} for name in wanted}
     for family in text_string_to_metric_families(text):
         if family.name not in wanted:
             continue
         for sample in family.samples:
             if sample.name != f"{family.name}_bucket":
                 continue
-            cls = sample.labels.get("class", "")
-            out[family.name].setdefault(cls, []).append((float(sample.labels["le"]), float(sample.value)))
-    for per_class in out.values():
-        for buckets in per_class.values():
-            buckets.sort()
-    return out
+            per_le = summed[family.name].setdefault(sample.labels.get("class", ""), {})
+            le = float(sample.labels["le"])
+            per_le[le] = per_le.get(le, 0.0) + float(sample.value)
+    return {
+        name: {cls: sorted(per_le.items()) for cls, per_le in per_class.items()}
+        for name, per_class in summed.items()
+    }
 
 
 def window_buckets(start: Buckets | None, end: Buckets) -> Buckets:
@@ -242,9 +244,12 @@ def headless_chromium(browser: str, profile: Path) -> list[str]:
     ]
 
 
-def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> str | None:
-    """Renders `url` to the PNG `path`; None when it worked, else why not (no Chromium, or it
-    failed: the run goes on without a picture)."""
+def screenshot(
+    url: str, path: Path, profile: Path, timeout_s: float = 60.0, virtual_time_ms: int = 3000
+) -> str | None:
+    """Renders `url` to the PNG `path` once `virtual_time_ms` of the page's timers have run;
+    None when it worked, else why not (no Chromium, or it failed: the run goes on without a
+    picture)."""
     browser = chromium()
     if browser is None:
         return "no headless Chromium here (Debian: apt-get install -y chromium)"
@@ -253,7 +258,7 @@ def screenshot(url: str, path: Path, profile: Path, timeout_s: float = 60.0) -> 
         "--hide-scrollbars",
         # The page fills its tables from its first fetch of /status after load; virtual time
         # lets that happen before the picture is taken.
-        "--virtual-time-budget=3000",
+        f"--virtual-time-budget={virtual_time_ms}",
         "--window-size=1280,900",
         f"--screenshot={path}",
         url,

@@ -49,17 +49,19 @@ def test_the_window_counts_only_what_grew_between_the_readings() -> None:
 
 
 def test_quantiles_over_a_window_from_the_dataplanes_own_metrics_text() -> None:
-    metrics = DataplaneMetrics()
+    # Two replicas: each class's quantiles are over both.
+    metrics = DataplaneMetrics(("fake-a", "fake-b"))
     # Before the window: slow interactive turns that must not count.
     for _ in range(50):
-        metrics.admitted("interactive", 30.0)
+        metrics.admitted("interactive", "fake-a", 30.0)
     start = histograms(metrics.render().decode())
-    for seconds in (0.002,) * 99 + (2.0,):
-        metrics.admitted("interactive", seconds)
-        metrics.first_token("interactive", 0.2)
+    for i, seconds in enumerate((0.002,) * 99 + (2.0,)):
+        replica = ("fake-a", "fake-b")[i % 2]
+        metrics.admitted("interactive", replica, seconds)
+        metrics.first_token("interactive", replica, 0.2)
     for _ in range(4):
-        metrics.admitted("batch", 100.0)  # within the held histogram, whose top is 600 s
-        metrics.first_token("batch", 90.0)  # past the first-token histogram's top bucket (60 s)
+        metrics.admitted("batch", "fake-b", 100.0)  # within the held histogram, whose top is 600 s
+        metrics.first_token("batch", "fake-b", 90.0)  # past the first-token histogram's top bucket (60 s)
     end = histograms(metrics.render().decode())
     assert set(end) == {HELD, FIRST_TOKEN}
 

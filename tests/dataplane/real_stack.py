@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support import Ports, Service, free_port, running, wait_until, write_config
 
 TOKEN = "test-token-0123456789"
@@ -195,11 +196,15 @@ class RealStack:
     def turns_counted(self, route: str, outcome: str) -> float:
         """The dataplane's own count of turns on `route` that ended with `outcome`."""
         text = httpx.get(f"{self.dataplane}/metrics", timeout=5).text
-        wanted = f'luftpause_dataplane_turns_total{{outcome="{outcome}",route="{route}"}}'
-        for line in text.splitlines():
-            if line.startswith(wanted):
-                return float(line.split()[-1])
-        raise AssertionError(f"{wanted} is not in /metrics")
+        counts = [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "luftpause_dataplane_turns_total"
+            and (s.labels["route"], s.labels["outcome"]) == (route, outcome)
+        ]
+        assert counts, f"no luftpause_dataplane_turns_total for route {route}, outcome {outcome} in /metrics"
+        return sum(counts)  # over the classes
 
     def settled(self) -> bool:
         doc = self.status()

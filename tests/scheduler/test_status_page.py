@@ -61,6 +61,15 @@ WITH_TREE = {
 }
 # An older runtime: a flat list with parents and nothing else; the page sums the subtree itself.
 FLAT = {"runs": [ROOT, CHILD_1, CHILD_2]}
+# Finished runs listed before running ones, at the top and below.
+MIXED = {
+    "runs": [
+        {**_run("run-root-done", None, "Old survey", 1, 0, 10, 1), "status": "finished"},
+        _run("run-live", None, "Live survey", 1, 0, 10, 1),
+        {**_run("run-done", "run-live", "Finished part", 1, 0, 10, 1), "status": "finished"},
+        {**_run("run-waiting", "run-live", "Delete a file", 1, 0, 10, 1), "status": "AwaitingApproval"},
+    ]
+}
 
 
 class _RuntimeStandIn:
@@ -69,7 +78,7 @@ class _RuntimeStandIn:
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-                doc = {"/tree/status": WITH_TREE, "/flat/status": FLAT}.get(self.path)
+                doc = {"/tree/status": WITH_TREE, "/flat/status": FLAT, "/mixed/status": MIXED}.get(self.path)
                 body = json.dumps(doc).encode() if doc is not None else b"{}"
                 self.send_response(200 if doc is not None else 404)
                 self.send_header("content-type", "application/json")
@@ -100,6 +109,10 @@ class _Tables(HTMLParser):
         self._body: str | None = None
         self._cell: list[str] | None = None
         self._ids: list[tuple[str, str]] = []
+        # Per (chart's svg id, line's class): the line's points and its last value.
+        self.lines: dict[tuple[str, str], tuple[str, str]] = {}
+        self._svg = ""
+        self.visible: set[str] = set()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
@@ -110,6 +123,12 @@ class _Tables(HTMLParser):
             self.bodies[self._body].append([])
         elif tag == "td" and self._body is not None:
             self._cell = []
+        if a.get("id") and "hidden" not in a:
+            self.visible.add(a["id"] or "")
+        if tag == "svg":
+            self._svg = a.get("id") or ""
+        elif tag == "polyline":
+            self.lines[self._svg, a.get("class") or ""] = (a.get("points") or "", a.get("data-last") or "")
         if a.get("id"):
             self._ids.append((tag, a["id"] or ""))
             self.texts.setdefault(a["id"] or "", "")
@@ -207,6 +226,13 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
     )
     held = {r[0]: r[1] for r in page.bodies["held"]}
     assert held["all"] == "1" and held["class interactive"] == "1" and held["caller page-team"] == "1"
+    # The chart: one point a poll (the page polled at least twice), the held interactive turn on
+    # the last; nothing batch.
+    points, last = page.lines["chart-held", "interactive"]
+    assert len(points.split()) >= 2 and last == "1"
+    assert page.lines["chart-held", "batch"][1] == "0"
+    assert float(page.lines["chart-wait", "interactive"][1]) > 0
+    assert page.texts["chart-now"].startswith("interactive: 1 held, oldest ")
     assert page.texts["error"] == ""
     assert "updated" in page.texts["updated"]
     assert page.bodies["runtime-runs"] == [], "no runtime asked for, none shown"
@@ -223,6 +249,36 @@ def test_with_a_runtime_the_page_shows_its_run_tree_and_subtree_totals(scheduler
     assert root[6:9] == ["9", "6", "2000 / 250"], "the subtree totals the runtime sent"
     assert page.texts["runtime-error"] == ""
     assert {r[0] for r in page.bodies["replicas"]} == {"fake-a", "fake-b"}
+
+
+def test_runs_are_listed_running_first_and_the_filter_keeps_matching_runs_with_their_parents(
+    scheduler, runtime, tmp_path: Path
+):
+    ports, _ = scheduler
+    base = f"http://127.0.0.1:{ports.status}/?runtime={runtime.url}/mixed"
+    rows = _render(base, tmp_path / "profile").bodies["runtime-runs"]
+    names = [r[0].replace("\u2003", " ").strip() for r in rows]
+    assert names == ["run-live", "└ run-waiting", "└ run-done", "run-root-done"]
+    page = _render(f"{base}&filter=approval", tmp_path / "profile")
+    names = [r[0].replace("\u2003", " ").strip() for r in page.bodies["runtime-runs"]]
+    assert names == ["run-live", "└ run-waiting"], "the match and the run above it"
+    assert page.texts["runtime-count"] == "2 of 4 shown"
+
+
+def test_with_a_token_the_page_asks_for_it_and_never_needs_it_in_the_url(tmp_path: Path):
+    ports = Ports(engines=[free_port()])
+    path = write_config(tmp_path, ports)
+    service = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log")
+    service.start(env={"LUFTPAUSE_TOKEN": "s3cret"})
+    with running(service):
+        service.wait_http(f"http://127.0.0.1:{ports.status}/")
+        asked = _render(f"http://127.0.0.1:{ports.status}/", tmp_path / "profile")
+        # An old link with ?token= still works; the token leaves the address for sessionStorage.
+        given = _render(f"http://127.0.0.1:{ports.status}/?token=s3cret", tmp_path / "profile2")
+    assert "GET /status answered 401" in asked.texts["error"]
+    assert "token-form" in asked.visible
+    assert given.texts["error"] == "" and "token-form" not in given.visible
+    assert {r[0] for r in given.bodies["replicas"]} == {"fake-a"}
 
 
 def test_a_runtime_without_a_tree_gets_its_subtree_summed_from_the_flat_list(

@@ -1,0 +1,179 @@
+"""The scheduler's Prometheus metrics, served at `GET /metrics` on its status port.
+
+Everything that mirrors the state (turns held by class and caller and the oldest wait, each
+replica's admission limit, turns in flight, reservations and health, runs by class and phase,
+dataplane streams) is computed at scrape time from the host's current state by a custom
+collector, so a decision costs nothing more for being watched. The counters (decisions by
+action, resyncs, probe failures per replica) are plain integers the host keeps (`HostCounts`)
+and this collector reads.
+
+Labels are bounded: replicas come from the config, classes and phases are enums, and actions
+are the core's. Callers are chosen by clients (`x-luftpause-caller`), so only the
+`CALLERS_SHOWN` callers with the most held turns at a scrape keep their name; the rest are
+summed under `caller="(other)"`, and the anonymous caller is `caller="(anonymous)"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from luftpause.scheduler import admission
+from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
+from luftpause.scheduler.state import Phase, ServiceClass, State
+from luftpause.scheduler.status import per_replica
+
+# How many callers keep their own label value in the held-turns gauge (those with most held).
+CALLERS_SHOWN = 10
+OTHER_CALLERS = "(other)"
+ANONYMOUS = "(anonymous)"
+
+# The `action` label of luftpause_scheduler_decisions_total, per action the core emits.
+ACTION_NAMES: dict[type[Action], str] = {
+    Place: "place",
+    Refuse: "refuse",
+    TurnExpired: "expire",
+    RunForgotten: "forget",
+    Reserved: "reserve",
+    Revoked: "revoke",
+}
+
+
+@dataclasses.dataclass(slots=True)
+class HostCounts:
+    """What the host counts as it goes: each a plain integer add, read by the collector."""
+
+    decisions: Counter[str] = dataclasses.field(default_factory=Counter)
+    probe_failures: Counter[str] = dataclasses.field(default_factory=Counter)
+    resyncs: int = 0
+
+
+def caller_label(caller: str, shown: set[str]) -> str:
+    if caller not in shown:
+        return OTHER_CALLERS
+    return caller if caller else ANONYMOUS
+
+
+class SchedulerCollector(Collector):
+    """Reads `current()` (the host's state), `clock()` (the events' clock), `counts` and
+    `streams()` (Turns streams open) at each scrape."""
+
+    def __init__(
+        self,
+        current: Callable[[], State],
+        clock: Callable[[], float],
+        counts: HostCounts,
+        streams: Callable[[], int],
+    ) -> None:
+        self.current, self.clock, self.counts, self.streams = current, clock, counts, streams
+
+    def collect(self) -> Iterable[Metric]:
+        state, now = self.current(), self.clock()
+        yield from self._held(state, now)
+        yield from self._replicas(state)
+        runs = GaugeMetricFamily(
+            "luftpause_scheduler_runs",
+            "Runs the scheduler knows, by class and phase.",
+            labels=["class", "phase"],
+        )
+        by = Counter((r.service_class, r.phase) for r in state.runs.values())
+        for c in ServiceClass:
+            for p in Phase:
+                runs.add_metric([str(c), str(p)], by[c, p])
+        yield runs
+        decisions = CounterMetricFamily(
+            "luftpause_scheduler_decisions",
+            "Actions the scheduler's core decided, by action (place, refuse, expire, forget, reserve, revoke).",
+            labels=["action"],
+        )
+        for name in ACTION_NAMES.values():
+            decisions.add_metric([name], self.counts.decisions[name])
+        yield decisions
+        yield CounterMetricFamily(
+            "luftpause_scheduler_resyncs", "Resyncs received from dataplanes.", value=self.counts.resyncs
+        )
+        yield GaugeMetricFamily(
+            "luftpause_scheduler_dataplane_streams",
+            "Dataplanes' Turns streams open now.",
+            value=self.streams(),
+        )
+
+    def _held(self, state: State, now: float) -> Iterable[Metric]:
+        held = state.held()
+        per_caller = Counter(t.caller for t in held)
+        shown = {caller for caller, _ in per_caller.most_common(CALLERS_SHOWN)}
+        counts: Counter[tuple[str, str]] = Counter()
+        oldest: dict[str, float] = {}
+        for t in held:
+            cls = str(t.service_class)
+            counts[cls, caller_label(t.caller, shown)] += 1
+            oldest[cls] = min(oldest.get(cls, t.arrived_at), t.arrived_at)
+        turns = GaugeMetricFamily(
+            "luftpause_scheduler_held_turns",
+            f"Turns held for admission now, by class and caller (the {CALLERS_SHOWN} callers with most "
+            f'held keep their name, the rest are "{OTHER_CALLERS}").',
+            labels=["class", "caller"],
+        )
+        for c in ServiceClass:
+            turns.add_metric([str(c), OTHER_CALLERS], counts.pop((str(c), OTHER_CALLERS), 0))
+        for (cls, caller), n in sorted(counts.items()):
+            turns.add_metric([cls, caller], n)
+        yield turns
+        wait = GaugeMetricFamily(
+            "luftpause_scheduler_held_oldest_wait_seconds",
+            "How long the longest-held turn of each class has waited (0 when none is held).",
+            labels=["class"],
+        )
+        for c in ServiceClass:
+            since = oldest.get(str(c))
+            wait.add_metric([str(c)], max(now - since, 0.0) if since is not None else 0.0)
+        yield wait
+
+    def _replicas(self, state: State) -> Iterable[Metric]:
+        in_flight = GaugeMetricFamily(
+            "luftpause_scheduler_in_flight_turns",
+            "Our turns placed on each replica and not yet reported done.",
+            labels=["replica"],
+        )
+        limit = GaugeMetricFamily(
+            "luftpause_scheduler_admission_limit",
+            "The most of our turns each replica may hold now (+Inf: uncapped).",
+            labels=["replica"],
+        )
+        reserved = GaugeMetricFamily(
+            "luftpause_scheduler_reservations",
+            "Room set aside on each replica for dataplanes while nothing is held.",
+            labels=["replica"],
+        )
+        healthy = GaugeMetricFamily(
+            "luftpause_scheduler_replica_healthy", "1 while the replica's last probe found it healthy.",
+            labels=["replica"],
+        )  # fmt: skip
+        failures = CounterMetricFamily(
+            "luftpause_scheduler_probe_failures",
+            "Probes that found a replica unhealthy (no answer, or not 2xx on its health path).",
+            labels=["replica"],
+        )
+        flying, reservations = per_replica(state)
+        for r in state.replicas_in_order():
+            n = flying.get(r.name, 0)
+            cap = admission.limit(r, n, state.waiting_interactive(r.name))
+            in_flight.add_metric([r.name], n)
+            limit.add_metric([r.name], math.inf if cap is None else cap)
+            reserved.add_metric([r.name], reservations.get(r.name, 0))
+            healthy.add_metric([r.name], 1.0 if r.healthy else 0.0)
+            failures.add_metric([r.name], self.counts.probe_failures[r.name])
+        yield from (in_flight, limit, reserved, healthy, failures)
+
+
+def registry_of(collector: SchedulerCollector) -> Callable[[], bytes]:
+    """The exposition text of `collector` alone, as a function to call per scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return lambda: generate_latest(registry)

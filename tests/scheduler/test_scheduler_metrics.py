@@ -1,0 +1,179 @@
+"""GET /metrics on the scheduler's status port, read as Prometheus reads it, while turns move.
+
+A real scheduler process with one replica (an engine stand-in whose health and load the test
+sets) is driven over gRPC the way a dataplane drives it: a turn placed, one held behind the
+engine's queue, a reservation granted, a resync, a replica gone unhealthy. Each shows in the
+families the exposition carries, and a scrape without the token is answered 401 when one is set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from immutables import Map
+from prometheus_client.parser import text_string_to_metric_families
+from support import Ports, Service, running, until, write_config
+from test_scheduler_process import MODEL, EngineStandIn
+from turns_stream import TurnsStream
+
+from luftpause.proto import pb, rpc
+from luftpause.scheduler.metrics import CALLERS_SHOWN, HostCounts, SchedulerCollector
+from luftpause.scheduler.state import Kind, Replica, ServiceClass, State, Turn
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str, **kw) -> Samples:
+    answer = httpx.get(f"{url}/metrics", timeout=5, **kw)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(answer.text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[name, frozenset(labels.items())]
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, EngineStandIn]]:
+    tmp: Path = tmp_path_factory.mktemp("scheduler-metrics")
+    engine = EngineStandIn()
+    ports = Ports(engines=[engine.port])
+    path = write_config(tmp, ports)
+    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1))
+    service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log").start()
+    with running(service):
+        service.wait_http(f"http://127.0.0.1:{ports.status}/status")
+        yield f"http://127.0.0.1:{ports.status}", f"127.0.0.1:{ports.grpc}", engine
+    engine.close()
+
+
+async def test_the_families_move_as_turns_are_placed_held_reserved_and_resynced(scheduler):
+    url, target, engine = scheduler
+    before = scrape(url)
+    assert value(before, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "(other)"}) == 0
+    # Someone else's request waits in the engine: with one turn of ours there, the next is held.
+    engine.running, engine.waiting = 1, 1
+    await until(
+        lambda: httpx.get(f"{url}/status").json()["replicas"][0]["waiting"] == 1, what="the load read"
+    )
+    async with grpc.aio.insecure_channel(target) as channel, TurnsStream(channel) as turns:
+        first = await turns.admit(
+            pb.AdmitRequest(turn_id="m-t1", run_id="m-r1", model=MODEL, caller="team-a")
+        )
+        assert first.outcome == pb.AdmitReply.PLACED
+        await turns.report(pb.TurnEvent(turn_id="m-t1", run_id="m-r1", started=pb.TurnStarted(streamed=True)))
+        second = await turns.admit_later(
+            pb.AdmitRequest(
+                turn_id="m-t2", run_id="m-r2", model=MODEL, caller="team-b", service_class=pb.BATCH
+            )
+        )
+        await until(lambda: httpx.get(f"{url}/status").json()["held"]["count"] == 1, what="m-t2 held")
+        held = scrape(url)
+        assert value(held, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "team-b"}) == 1
+        assert value(held, "luftpause_scheduler_held_oldest_wait_seconds", **{"class": "batch"}) > 0
+        assert value(held, "luftpause_scheduler_held_oldest_wait_seconds", **{"class": "interactive"}) == 0
+        assert value(held, "luftpause_scheduler_in_flight_turns", replica="fake-a") == 1
+        assert value(held, "luftpause_scheduler_admission_limit", replica="fake-a") == 1
+        assert value(held, "luftpause_scheduler_runs", **{"class": "interactive", "phase": "generating"}) == 1
+        placed = value(held, "luftpause_scheduler_decisions_total", action="place")
+        assert placed == value(before, "luftpause_scheduler_decisions_total", action="place") + 1
+
+        # The engine's queue empties and our first turn's first token comes: the held turn goes.
+        engine.running, engine.waiting = 1, 0
+        await turns.report(pb.TurnEvent(turn_id="m-t1", run_id="m-r1", first_token=pb.FirstToken()))
+        assert (await second).outcome == pb.AdmitReply.PLACED
+        after = scrape(url)
+        assert value(after, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "(other)"}) == 0
+        assert (
+            "luftpause_scheduler_held_turns",
+            frozenset({("class", "batch"), ("caller", "team-b")}),
+        ) not in after
+        assert value(after, "luftpause_scheduler_decisions_total", action="place") == placed + 1
+        assert value(after, "luftpause_scheduler_in_flight_turns", replica="fake-a") == 2
+        assert value(after, "luftpause_scheduler_dataplane_streams") == 1
+        for turn_id, run_id in (("m-t1", "m-r1"), ("m-t2", "m-r2")):
+            await turns.report(
+                pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=pb.TurnCompleted(finish_reason="stop"))
+            )
+
+    # A dataplane that wants reservations gets room set aside where its turns went.
+    engine.running, engine.waiting = 0, 0
+    async with grpc.aio.insecure_channel(target) as channel, TurnsStream(channel) as turns:
+        await turns._write(pb.DataplaneItem(want_reservations=pb.WantReservations()))
+        await turns.admit(pb.AdmitRequest(turn_id="m-t3", run_id="m-r3", model=MODEL))
+        await until(
+            lambda: value(scrape(url), "luftpause_scheduler_reservations", replica="fake-a") >= 1,
+            what="a reservation on fake-a in /metrics",
+        )
+        reply = await rpc.SchedulerStub(channel).Resync(iter([pb.ResyncRequest()]))
+        assert reply.runs == 0
+    assert (
+        value(scrape(url), "luftpause_scheduler_resyncs_total")
+        == value(before, "luftpause_scheduler_resyncs_total") + 1
+    )
+
+    # The replica stops answering its health check: each probe that finds it so is counted.
+    failures = value(scrape(url), "luftpause_scheduler_probe_failures_total", replica="fake-a")
+    engine.healthy = False
+    try:
+        await until(
+            lambda: (
+                value(scrape(url), "luftpause_scheduler_probe_failures_total", replica="fake-a")
+                >= failures + 2
+            ),
+            what="probe failures counted",
+        )
+        down = scrape(url)
+        assert value(down, "luftpause_scheduler_replica_healthy", replica="fake-a") == 0
+    finally:
+        engine.healthy = True
+
+
+def test_an_uncapped_replica_reports_an_infinite_limit_and_callers_beyond_the_cap_are_summed():
+    replica = Replica("r", "http://r", Kind.GENERATIVE, frozenset({"m"}), lookahead=0)
+    turns = {
+        f"t{i}": Turn(
+            f"t{i}", f"run{i}", ServiceClass.INTERACTIVE, f"caller-{i % 15}", "m", Kind.GENERATIVE, 0.0, i
+        )
+        for i in range(30)
+    }
+    state = State(replicas=Map({"r": replica}), order=("r",), turns=Map(turns))
+    families = {
+        m.name: m for m in SchedulerCollector(lambda: state, lambda: 5.0, HostCounts(), lambda: 0).collect()
+    }
+    limit = families["luftpause_scheduler_admission_limit"].samples[0]
+    assert math.isinf(limit.value)
+    held = {s.labels["caller"]: s.value for s in families["luftpause_scheduler_held_turns"].samples
+            if s.labels["class"] == "interactive"}  # fmt: skip
+    assert len(held) == CALLERS_SHOWN + 1, "the callers shown and one for the rest"
+    assert sum(held.values()) == 30 and held["(other)"] == 30 - 2 * CALLERS_SHOWN
+    assert families["luftpause_scheduler_held_oldest_wait_seconds"].samples[0].value == 5.0
+
+
+def test_with_a_token_a_scrape_without_it_is_answered_401(tmp_path: Path):
+    ports = Ports(engines=[])
+    path = write_config(tmp_path, ports)
+    service = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log")
+    service.start(env={"LUFTPAUSE_TOKEN": "s3cret"})
+    with running(service):
+        url = f"http://127.0.0.1:{ports.status}"
+        service.wait_http(f"{url}/")
+        refused = httpx.get(f"{url}/metrics", timeout=5)
+        assert refused.status_code == 401
+        assert "LUFTPAUSE_TOKEN" in refused.json()["error"]["message"]
+        assert (
+            value(
+                scrape(url, headers={"authorization": "Bearer s3cret"}), "luftpause_scheduler_resyncs_total"
+            )
+            == 0
+        )
