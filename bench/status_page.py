@@ -1,12 +1,14 @@
 """A screenshot of the scheduler's status page with turns held, for the README.
 
 Starts a real scheduler process on free loopback ports in front of two replicas nobody answers
-for (the first probe finds them unhealthy, so every turn is held), admits turns of both classes
-for three callers over one Turns stream, one at a time a second apart so that their waits
-differ, then renders the page in headless Chromium (its 2 s polls run in virtual time, so the
-chart has a few points) and saves bench/results/status-page-<UTC time>.png.
+for (the first probe finds them unhealthy, so every turn is held), and over one Turns stream
+lets a queue build up and drain: for the first half of `--seconds` an interactive turn arrives
+each second and a batch turn every other second (two teams' interactive agents and a nightly batch caller), then each second the
+oldest interactive turn's client leaves. Then it renders the page in headless Chromium, whose
+chart draws the scheduler's own samples of the last 3 minutes, and saves
+bench/results/status-page-<UTC time>.png.
 
-    luftpause bench status_page [--turns 6] [--out bench/results]
+    luftpause bench status_page [--seconds 40] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luftpause bench status_page", description=__doc__)
-    parser.add_argument("--turns", type=int, default=6, help="turns to hold (alternately interactive, batch)")
+    parser.add_argument("--seconds", type=int, default=40, help="how long the queue builds up and drains")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -79,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         done = threading.Event()
         queue: list[pb.AdmitRequest] = []
+        # Turns admitted, and those whose client has left (their second entry in the queue).
+        announced: set[str] = set()
+        leaving: set[str] = set()
         ready = threading.Condition()
 
         def items() -> Iterator[pb.DataplaneBatch]:
@@ -92,7 +97,14 @@ def main(argv: list[str] | None = None) -> int:
                     ready.wait_for(more, timeout=0.5)
                     fresh, sent = queue[sent:], len(queue)
                 for request in fresh:
-                    yield pb.DataplaneBatch(items=[pb.DataplaneItem(admit=request)])
+                    if request.turn_id in leaving and request.turn_id in announced:
+                        left = pb.TurnEvent(
+                            turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()
+                        )
+                        yield pb.DataplaneBatch(items=[pb.DataplaneItem(event=left)])
+                    else:
+                        announced.add(request.turn_id)
+                        yield pb.DataplaneBatch(items=[pb.DataplaneItem(admit=request)])
 
         try:
             _wait(
@@ -104,22 +116,38 @@ def main(argv: list[str] | None = None) -> int:
             with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 call = rpc.SchedulerStub(channel).Turns(items(), timeout=120)
                 try:
-                    for i in range(args.turns):
+                    # A queue that builds up and drains, so that the chart has a shape: each
+                    # second an interactive turn arrives (a batch one every other second) for the
+                    # first half, then each second the oldest interactive turn's client leaves.
+                    interactive: list[pb.AdmitRequest] = []
+                    for i in range(args.seconds):
                         with ready:
-                            queue.append(
-                                pb.AdmitRequest(
-                                    turn_id=f"shot-t{i}",
-                                    run_id=f"shot-r{i}",
-                                    model=MODEL,
-                                    caller=CALLERS[i % len(CALLERS)],
-                                    service_class=pb.BATCH if i % 2 else pb.INTERACTIVE,
-                                )
-                            )
+                            if i < args.seconds // 2:
+                                for cls in (pb.INTERACTIVE, pb.BATCH) if i % 2 else (pb.INTERACTIVE,):
+                                    n = len(queue)
+                                    request = pb.AdmitRequest(
+                                        turn_id=f"shot-t{n}",
+                                        run_id=f"shot-r{n}",
+                                        model=MODEL,
+                                        # Two teams' agents and a nightly batch job.
+                                        caller=CALLERS[i % 2] if cls == pb.INTERACTIVE else CALLERS[2],
+                                        service_class=cls,
+                                    )
+                                    queue.append(request)
+                                    if cls == pb.INTERACTIVE:
+                                        interactive.append(request)
+                            elif interactive:
+                                gone = interactive.pop(0)
+                                queue.append(gone)  # marks its place; sent as its abandonment
+                                leaving.add(gone.turn_id)
                             ready.notify_all()
                         time.sleep(1.0)
                     _wait(
-                        f"{args.turns} turns held",
-                        lambda: httpx.get(f"{status}/status").json()["held"]["count"] == args.turns,
+                        "the scheduler's samples to reach the drained queue",
+                        lambda: (
+                            httpx.get(f"{status}/status").json()["held"]["count"]
+                            == len(queue) - 2 * len(leaving)
+                        ),
                     )
                     args.out.mkdir(parents=True, exist_ok=True)
                     path = args.out / f"status-page-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.png"

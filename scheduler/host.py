@@ -46,7 +46,7 @@ from luftpause.scheduler.metrics import ACTION_NAMES, HostCounts, SchedulerColle
 from luftpause.scheduler.prober import run_prober
 from luftpause.scheduler.run_identity import RunIdentity
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
-from luftpause.scheduler.status import build_app
+from luftpause.scheduler.status import HeldHistory, build_app
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -184,6 +184,8 @@ class SchedulerHost:
         self._nothing_held = True
         # Counted for the metrics as decisions are carried out (the gauges are read from the state).
         self.counts = HostCounts()
+        # Held turns per class, sampled every tick: the status page's chart.
+        self.held_history = HeldHistory()
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
     def feed(self, event: ev.Event) -> tuple[Action, ...]:
@@ -314,7 +316,9 @@ class SchedulerHost:
         link.waiting.clear()
 
     def tick(self) -> None:
-        self.feed(ev.Tick(self.clock()))
+        now = self.clock()
+        self.feed(ev.Tick(now))
+        self.held_history.sample(self.state, now)
 
 
 def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
@@ -599,6 +603,7 @@ async def _main(config: _config.Config) -> None:
                     registry_of(
                         SchedulerCollector(lambda: host.state, host.clock, host.counts, host.streams_open)
                     ),
+                    host.held_history,
                 ),
                 allowed_hosts(config),
             ),

@@ -9,7 +9,8 @@ polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows 
 tree with each run's own work and its subtree's totals, fetched by the browser from the
 runtime's own GET /status (which sends the CORS headers that allow it), running runs first and
 with a filter; above the tables, a chart of held turns and the oldest held wait per class over
-the last 3 minutes, kept by the page from its polls. With `LUFTPAUSE_TOKEN` set the documents
+the last 3 minutes, which the host samples every second (`HeldHistory`, `held_history` in the
+document). With `LUFTPAUSE_TOKEN` set the documents
 (and /metrics) need the token: the page asks for it when it meets a 401, keeps it in the tab's
 sessionStorage and sends it as an Authorization header, to the runtime too. The server runs on
 the host's event loop, so each answer is a consistent snapshot of one state.
@@ -17,7 +18,7 @@ the host's event loop, so each answer is a consistent snapshot of one state.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -39,6 +40,44 @@ def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
         "count": len(turns),
         "oldest_wait_s": round(max(now - t.arrived_at for t in turns), 3) if turns else None,
     }
+
+
+class HeldHistory:
+    """The held turns of each class and the oldest one's wait, sampled every tick for the last
+    `keep_s` seconds: what the page's chart draws, so that it shows the recent past as soon as it
+    opens rather than only what it polled itself."""
+
+    def __init__(self, keep_s: float = 180.0) -> None:
+        self.keep_s = keep_s
+        self._samples: deque[tuple[float, dict[str, tuple[int, float]]]] = deque()
+
+    def sample(self, state: State, now: float) -> None:
+        by_class: dict[str, list[Turn]] = {str(c): [] for c in ServiceClass}
+        for t in state.held():
+            by_class[str(t.service_class)].append(t)
+        self._samples.append(
+            (
+                now,
+                {
+                    c: (len(ts), max((now - t.arrived_at for t in ts), default=0.0))
+                    for c, ts in by_class.items()
+                },
+            )
+        )
+        while self._samples and self._samples[0][0] < now - self.keep_s:
+            self._samples.popleft()
+
+    def document(self, now: float) -> list[dict[str, Any]]:
+        """Oldest first: seconds before `now`, and per class the turns held and the oldest wait."""
+        return [
+            {
+                "ago_s": round(now - at, 3),
+                **{
+                    c: {"held": held, "oldest_wait_s": round(wait, 3)} for c, (held, wait) in by_class.items()
+                },
+            }
+            for at, by_class in self._samples
+        ]
 
 
 def per_replica(state: State) -> tuple[dict[str, int], dict[str, int]]:
@@ -138,11 +177,13 @@ def build_app(
     token: str | None = None,
     dataplanes: Callable[[], list[dict[str, Any]]] | None = None,
     metrics: Callable[[], bytes] | None = None,
+    history: HeldHistory | None = None,
 ) -> FastAPI:
     """The status app; `current` returns the host's state now, `clock` the time on the events'
     clock, `dataplanes` what the host knows of the dataplanes connected to it (`dataplanes` in
     the document: each one's open Turns streams, its resyncs and what the last one carried),
-    `metrics` the Prometheus exposition text served at /metrics (metrics.py).
+    `metrics` the Prometheus exposition text served at /metrics (metrics.py), `history` the held
+    turns sampled over the last minutes (`held_history` in the document, for the page's chart).
 
     With `token`, the documents and /metrics need it as a bearer (401 otherwise); the page itself
     holds no data and stays open, and asks for the token when it meets a 401.
@@ -167,9 +208,12 @@ def build_app(
 
     @app.get("/status", dependencies=[Depends(authorized)])
     async def status() -> JSONResponse:
-        doc = status_document(current(), clock())
+        now = clock()
+        doc = status_document(current(), now)
         if dataplanes is not None:
             doc["dataplanes"] = dataplanes()
+        if history is not None:
+            doc["held_history"] = history.document(now)
         return JSONResponse(doc)
 
     @app.get("/status/runs/{run_id}", dependencies=[Depends(authorized)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from scheduler_pool import Pool, spec
 
-from luftpause.scheduler.status import build_app, run_document, status_document
+from luftpause.scheduler.status import HeldHistory, build_app, run_document, status_document
 
 
 def _busy_pool() -> Pool:
@@ -170,3 +170,23 @@ async def test_the_app_serves_the_document_a_run_a_404_and_the_page():
         assert page.headers["content-type"].startswith("text/html")
         assert "const PERIOD_MS = 2000;" in page.text
         assert "setInterval(refresh, PERIOD_MS)" in page.text
+
+
+def test_the_held_history_keeps_each_class_for_the_last_minutes_oldest_first():
+    pool = Pool(spec("a", lookahead=1))
+    pool.probe("a", healthy=False)  # every turn is held
+    history = HeldHistory(keep_s=180.0)
+    pool.arrive("t0", run_id="r0", caller="alice")
+    history.sample(pool.state, pool.now)
+    pool.wait(100)
+    pool.arrive("t1", run_id="r1", caller="bob", cls="batch")
+    history.sample(pool.state, pool.now)
+    pool.wait(100)
+    history.sample(pool.state, pool.now)
+    samples = history.document(pool.now)
+    # The first sample, 200 s ago, is gone; the two left say what was held then and how long the oldest had waited.
+    assert [s["ago_s"] for s in samples] == [100.0, 0.0]
+    assert samples[0]["interactive"] == {"held": 1, "oldest_wait_s": 100.0}
+    assert samples[0]["batch"] == {"held": 1, "oldest_wait_s": 0.0}
+    assert samples[1]["interactive"] == {"held": 1, "oldest_wait_s": 200.0}
+    assert samples[1]["batch"] == {"held": 1, "oldest_wait_s": 100.0}

@@ -210,8 +210,14 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
         admit = rpc.SchedulerStub(channel).Turns(admission(), timeout=60)
         try:
             wait_until(
-                lambda: httpx.get(f"http://127.0.0.1:{ports.status}/status").json()["held"]["count"] == 1,
-                what="the turn to be held",
+                lambda: (
+                    [
+                        s["interactive"]["held"]
+                        for s in httpx.get(f"http://127.0.0.1:{ports.status}/status").json()["held_history"]
+                    ][-2:]
+                    == [1, 1]
+                ),
+                what="the turn held in two of the scheduler's samples",
             )
             page = _render(f"http://127.0.0.1:{ports.status}/", tmp_path / "profile")
         finally:
@@ -226,8 +232,8 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
     )
     held = {r[0]: r[1] for r in page.bodies["held"]}
     assert held["all"] == "1" and held["class interactive"] == "1" and held["caller page-team"] == "1"
-    # The chart: one point a poll (the page polled at least twice), the held interactive turn on
-    # the last; nothing batch.
+    # The chart: one point a second of the scheduler's samples, the held interactive turn on the
+    # last two; nothing batch.
     points, last = page.lines["chart-held", "interactive"]
     assert len(points.split()) >= 2 and last == "1"
     assert page.lines["chart-held", "batch"][1] == "0"
