@@ -26,7 +26,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause import logs
+from luftpause import logs, tracing
 from luftpause.bearer import Tokens
 from luftpause.dataplane import auth, headers, server, workers
 from luftpause.dataplane.auth import token_from_env
@@ -138,6 +138,7 @@ def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | 
     """Runs the dataplane on config.dataplane.host:port until SIGTERM or SIGINT: in this process,
     or as worker `worker` of several accepting on the inherited socket `listen_fd`."""
     settings = config.dataplane
+    tracing.setup("luftpause-dataplane")
     name = "" if worker is None else workers.worker_name(settings, worker)
     if worker is None:
         log.info(

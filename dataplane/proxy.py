@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, TypeVar
 
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
+from luftpause import tracing
 from luftpause.dataplane import headers, limits, priority
 from luftpause.dataplane.engine_client import (
     EngineClient,
@@ -135,6 +137,8 @@ class ProxiedTurn:
     placed: bool = False
     ended: bool = False
     first_token_seen: bool = False
+    # Its span while tracing is on (luftpause/tracing.py); None, and never made, while it is off.
+    span: Span | None = None
 
     @property
     def scheduler_run_id(self) -> str:
@@ -245,6 +249,8 @@ class Proxy:
         `work` gets the scheduler's placement and the future that completes when the client
         leaves. Whatever happens, the turn leaves here answered or abandoned, reported, its slot free.
         """
+        if tracing.TRACER is not None:
+            _open_span(tracing.TRACER, turn)
         client_left = asyncio.ensure_future(_client_disconnect(receive))
         try:
             placement = await self.place(turn, answer, client_left)
@@ -261,6 +267,8 @@ class Proxy:
                 await answer.refuse(DataplaneStopping("the dataplane is stopping; send the turn again"))
         finally:
             client_left.cancel()
+            if turn.span is not None:
+                turn.span.end()
 
     async def refuse(
         self, answer: Answer, route: str, refusal: TurnRefused, service_class: str = UNKNOWN_CLASS
@@ -290,15 +298,23 @@ class Proxy:
                 abandoned=client_left,
             )
         except TurnRefused as refusal:
+            if turn.span is not None:
+                turn.span.set_attribute("luftpause.outcome", "refused")
+                turn.span.set_status(StatusCode.ERROR, refusal.message)
             await self.refuse(answer, turn.route, refusal, headers.class_name(turn.service_class))
             return None
         if placement is None:
+            if turn.span is not None:
+                turn.span.set_attribute("luftpause.outcome", "abandoned")
             log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
             self.metrics.ended(turn.route, "abandoned", headers.class_name(turn.service_class))
             return None
-        self.metrics.admitted(
-            headers.class_name(turn.service_class), placement.replica, time.perf_counter() - asked
-        )
+        held_s = time.perf_counter() - asked
+        self.metrics.admitted(headers.class_name(turn.service_class), placement.replica, held_s)
+        if turn.span is not None:
+            turn.span.set_attributes(
+                {"luftpause.replica": placement.replica, "luftpause.held_ms": held_s * 1000.0}
+            )
         self.metrics.in_flight.inc()
         turn.replica, turn.placed = placement.replica, True
         if turn.echoed and placement.run_id and placement.run_id != turn.run_id:
@@ -357,7 +373,13 @@ class Proxy:
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
         self.started(turn)
         try:
-            return await _unless_client_leaves(self.engines.post(request), client_left)
+            response = await _unless_client_leaves(self.engines.post(request), client_left)
+            if turn.span is not None:
+                # Until the engine's response began: the time it kept the request before answering.
+                turn.span.set_attribute(
+                    "luftpause.engine_queue_ms", (time.perf_counter() - turn.sent_at) * 1000.0
+                )
+            return response
         except ClientLeft:
             self.failed(turn, "the client left before the engine answered")
         except EngineError as e:
@@ -464,13 +486,16 @@ class Proxy:
         if turn.first_token_seen:
             return
         turn.first_token_seen = True
-        self.metrics.first_token(
-            headers.class_name(turn.service_class), turn.replica, time.perf_counter() - turn.sent_at
-        )
+        to_first_s = time.perf_counter() - turn.sent_at
+        self.metrics.first_token(headers.class_name(turn.service_class), turn.replica, to_first_s)
+        if turn.span is not None:
+            turn.span.set_attribute("luftpause.time_to_first_token_ms", to_first_s * 1000.0)
         self.scheduler.first_token(turn.id, turn.scheduler_run_id)
 
     def failed(self, turn: ProxiedTurn, error: str) -> None:
         if self._end(turn, "failed"):
+            if turn.span is not None:
+                turn.span.set_status(StatusCode.ERROR, error)
             self.scheduler.failed(turn.id, turn.scheduler_run_id, error)
 
     def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
@@ -483,6 +508,14 @@ class Proxy:
         if observation.first_token:
             self.first_token(turn)
         if self._end(turn, "completed"):
+            if turn.span is not None:
+                turn.span.set_attributes(
+                    {
+                        "gen_ai.response.finish_reasons": [observation.finish_reason],
+                        "gen_ai.usage.input_tokens": observation.prompt_tokens,
+                        "gen_ai.usage.output_tokens": observation.completion_tokens,
+                    }
+                )
             self.scheduler.completed(
                 turn.id,
                 turn.scheduler_run_id,
@@ -498,6 +531,8 @@ class Proxy:
             return False
         turn.ended = True
         service_class = headers.class_name(turn.service_class)
+        if turn.span is not None:
+            turn.span.set_attribute("luftpause.outcome", outcome)
         self.metrics.in_flight.dec()
         self.metrics.ended(turn.route, outcome, service_class)
         if turn.sent_at:
@@ -541,6 +576,28 @@ class Proxy:
 
 
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]
+
+
+def _open_span(tracer: Tracer, turn: ProxiedTurn) -> None:
+    """Starts the turn's span, a child of the client's `traceparent`; the scheduler and the engine
+    are then sent this span's own, so that their spans are its children."""
+    attributes = {
+        "gen_ai.request.model": turn.model,
+        "luftpause.route": turn.route,
+        "luftpause.turn_id": turn.id,
+        "luftpause.run_id": turn.run_id,
+        "luftpause.service_class": headers.class_name(turn.service_class),
+    }
+    if turn.route == "chat":
+        attributes["gen_ai.operation.name"] = "chat"
+    span = tracer.start_span(
+        f"{turn.route} {turn.model}",
+        context=tracing.parent(turn.traceparent),
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+    )
+    turn.span = span
+    turn.traceparent = tracing.traceparent_of(span)
 
 
 def engine_url(base: str, endpoint: str) -> str:

@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from luftpause import logs
+from luftpause import logs, tracing
 from luftpause.runtime.tool_servers import IDEMPOTENCY_META_KEY
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,8 @@ def serve_stdio(fixed_latency_s: float | None = None) -> None:
 
 def serve(host: str, port: int, fixed_latency_s: float | None = None) -> None:
     """Runs the fake MCP server until SIGTERM or SIGINT."""
+    # Traced like the services (its tools/call spans are the `mcp` SDK's), when the endpoint is set.
+    tracing.setup("luftpause-fake-mcp")
     fixed_latency(fixed_latency_s)
     app = create_app(host)
     log.info("fake MCP server on http://%s:%d/mcp (tools: lookup, deep_search)", host, port)

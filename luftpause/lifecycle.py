@@ -24,6 +24,8 @@ RUN_ID_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"
 CALLER_HEADER = "x-luftpause-caller"
 REPLICA_HEADER = "x-luftpause-replica"
+# The W3C trace context of the span a request was sent from (luftpause/tracing.py).
+TRACEPARENT_HEADER = "traceparent"
 
 # The service classes, as the class header, spawn's serviceClass and the scheduler name them.
 INTERACTIVE = "interactive"

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from luftpause.lifecycle import CALLER_HEADER, CALLER_MAX_BYTES, CLASS_HEADER, RUN_ID_HEADER
+from luftpause.runtime import spans
 from luftpause.runtime.approvals import DECLINED_TEXT, ask_approval, needs_approval
 from luftpause.runtime.llm import Dataplane, TurnFailed
 from luftpause.runtime.metrics import RuntimeMetrics
@@ -96,12 +97,16 @@ class Agent:
             tools = self.allowed_tools(run)
             offered = tools if tools and run.counters["toolCalls"] < run.spec.maxToolCalls else {}
             started = time.monotonic()
-            try:
-                reply = await self.dataplane.complete(self.request_body(run, offered), self.headers(run))
-            except TurnFailed as e:
-                run.counters["turnSeconds"] += time.monotonic() - started
-                runs.finish(run, "failed", error=f"turn {run.counters['turns'] + 1} failed: {e}")
-                break
+            body, headers = self.request_body(run, offered), self.headers(run)
+            with spans.chat(body["model"], headers) as span:
+                try:
+                    reply = await self.dataplane.complete(body, headers)
+                except TurnFailed as e:
+                    spans.failed(span, str(e))
+                    run.counters["turnSeconds"] += time.monotonic() - started
+                    runs.finish(run, "failed", error=f"turn {run.counters['turns'] + 1} failed: {e}")
+                    break
+                spans.replied(span, reply)
             run.counters["turnSeconds"] += time.monotonic() - started
             run.counters["turns"] += 1
             usage = reply.get("usage") or {}
@@ -222,7 +227,9 @@ class Agent:
                     text = DECLINED_TEXT
                 else:
                     started = time.monotonic()
-                    result = await self.tool_servers.call(tool, arguments, idempotency_key=key)
+                    with spans.tool_call(tool.name, call.id) as span:
+                        result = await self.tool_servers.call(tool, arguments, idempotency_key=key)
+                        spans.tool_answered(span, result.is_error, result.text)
                     run.counters["toolSeconds"] += time.monotonic() - started
                     failed = result.is_error
                     outcome = "error" if failed else "ok"

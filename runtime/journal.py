@@ -12,6 +12,9 @@ most the step in progress, and a disk that cannot keep up is an error the client
         maxToolCalls, tools, maxTokens), with defaults filled in; `caller` is the identity sent
         to the dataplane as x-luftpause-caller (null: none); `owner` is who may see the run
         once its caller's session is gone (callers.py; absent in older journals: everyone).
+        With tracing on it may also carry `traceparent`: the W3C context its `invoke_agent`
+        span is a child of (its parent run's, or the spawning request's), which a run resumed
+        after a restart is traced under again, in the same trace (runtime/spans.py).
     {"v":1,"type":"round","run":H,"at":T,"messages":[...],"toolCalls":N,"failedToolCalls":N,
      "turns":N,"promptTokens":N,"completionTokens":N}
         One complete tool round: the OpenAI chat messages it appended to the conversation, the
@@ -131,6 +134,8 @@ class ReplayedRun:
     pending_results: list[dict[str, Any]] = field(default_factory=list)
     # Approval decisions by tool_call id.
     decisions: dict[str, bool] = field(default_factory=dict)
+    # The trace context its spans go under (tracing on when it was spawned); None: none.
+    traceparent: str | None = None
 
 
 class Journal:
@@ -154,8 +159,17 @@ class Journal:
         """Returns once every record so far is on disk; `JournalError` if it cannot be."""
         await self.writer.durable()
 
-    def spawned(self, run: str, spec: dict[str, Any], caller: str | None, owner: str | None = None) -> None:
-        extra = {"owner": owner} if owner is not None else {}
+    def spawned(
+        self,
+        run: str,
+        spec: dict[str, Any],
+        caller: str | None,
+        owner: str | None = None,
+        traceparent: str | None = None,
+    ) -> None:
+        extra: dict[str, str] = {"owner": owner} if owner is not None else {}
+        if traceparent:
+            extra["traceparent"] = traceparent
         self.append("spawned", run, spec=spec, caller=caller, **extra)
 
     def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, float]) -> None:
@@ -392,6 +406,7 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn
             caller=_text_or_none(record.get("caller"), "caller"),
             spawned_at=float(record.get("at") or 0.0),
             owner=record.get("owner") if isinstance(record.get("owner"), str) else None,
+            traceparent=record.get("traceparent") if isinstance(record.get("traceparent"), str) else None,
         )
         return
     run = runs.get(handle)

@@ -54,6 +54,7 @@ def restore(runs: Runs, retention_s: float | None = None) -> None:
             decisions=dict(replayed.decisions),
             owner=replayed.owner,
             restored=True,
+            traceparent=replayed.traceparent,
         )
         if replayed.finished is not None:
             status = replayed.finished.get("status")

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from opentelemetry.trace import Span
+
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.journal import new_counters
 from luftpause.runtime.spec import RunSpec
@@ -76,6 +78,10 @@ class Run:
     restored: bool = False
     # When it ended (Unix time), for the retention window; None while it runs.
     finished_at: float | None = None
+    # With tracing on: the context its `invoke_agent` span is a child of (journaled), and that
+    # span while its loop runs (runtime/spans.py).
+    traceparent: str | None = None
+    span: Span | None = None
 
     @property
     def running(self) -> bool:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from luftpause import tracing
+from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
 from luftpause.runtime.journal import Journal
@@ -92,7 +94,8 @@ class Runs:
                     "nothing more can be spawned under it"
                 )
         handle = new_handle()
-        self.journal.spawned(handle, spec.model_dump(), caller, owner)
+        traceparent = spans.parent_of_new_run(parent) if tracing.TRACER is not None else None
+        self.journal.spawned(handle, spec.model_dump(), caller, owner, traceparent)
         run = Run(
             handle=handle,
             spec=spec,
@@ -100,6 +103,7 @@ class Runs:
             created_at=time.time(),
             messages=initial_messages(spec),
             owner=owner,
+            traceparent=traceparent,
         )
         self.add(run)
         self.start(run)
@@ -156,6 +160,8 @@ class Runs:
     def start(self, run: Run) -> None:
         """Starts the run's loop as a task of its own; a run that has ended lets go of it once it
         has stopped (a loop stopped by shutdown stays, its run unfinished)."""
+        if tracing.TRACER is not None:
+            spans.start_run(tracing.TRACER, run)
         task = asyncio.create_task(self._drive(run), name=f"run:{run.handle}")
         run.task = task
 
@@ -166,6 +172,14 @@ class Runs:
         task.add_done_callback(stopped)
 
     async def _drive(self, run: Run) -> None:
+        try:
+            with spans.running(run):
+                await self._drive_loop(run)
+        finally:
+            spans.end_run(run)
+        await self._on_end(run.handle)
+
+    async def _drive_loop(self, run: Run) -> None:
         try:
             await self._driver(self, run)
         except asyncio.CancelledError:
@@ -183,7 +197,6 @@ class Runs:
             self.finish(
                 run, "failed", error="internal error in the runtime: the loop ended without an answer"
             )
-        await self._on_end(run.handle)
 
     # -- steps of a run ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from luftpause import __version__, logs
+from luftpause import __version__, logs, tracing
 from luftpause.bearer import Tokens
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
 from luftpause.hosts import HostGuard, allowed_hosts
@@ -125,6 +125,7 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
 
 def serve(config: Config, state_dir: str | None = None) -> None:
     """Serves the runtime on config.runtime.host:port until SIGINT or SIGTERM."""
+    tracing.setup("luftpause-runtime")
     try:
         app = build_app(config, state_dir)
     except StateDirInUse as e:

@@ -33,8 +33,10 @@ from typing import Any, TypeVar
 
 import grpc
 import uvicorn
+from opentelemetry.trace import StatusCode
 
 from luftpause import config as _config
+from luftpause import tracing
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
@@ -186,6 +188,8 @@ class SchedulerHost:
         self.counts = HostCounts()
         # Held turns per class, sampled every tick: the status page's chart.
         self.held_history = HeldHistory()
+        # With tracing on: each held turn's traceparent and when it arrived (ns), for its admit span.
+        self._arrivals: dict[str, tuple[str, int]] = {}
         self.feed(ev.PoolConfigured.from_config(config.replicas, at=clock()))
 
     def feed(self, event: ev.Event) -> tuple[Action, ...]:
@@ -218,6 +222,8 @@ class SchedulerHost:
                 link = self._waiting.pop(action.turn_id, None)
                 if link is not None:
                     link.answer(action)
+                if tracing.TRACER is not None:
+                    self._admit_span(action.turn_id, action.run_id, action)
             case TurnExpired():
                 log.warning("turn %s of run %s on %s never reported done; dropped, its slot freed",
                             action.turn_id, action.run_id, action.replica)  # fmt: skip
@@ -237,6 +243,48 @@ class SchedulerHost:
         old = before.replicas.get(probe.name)
         if old is not None and (old.healthy != probe.healthy or not old.probed):
             log.info("replica %s is %s", probe.name, "healthy" if probe.healthy else "unhealthy")
+
+    def _admit_span(self, turn_id: str, run_id: str, answer: Place | Refuse | None) -> None:
+        """The `admit` span of a turn the core placed or refused (`answer`), or that was abandoned
+        while held (None): from its arrival to now, a child of the dataplane's turn span."""
+        arrival = self._arrivals.pop(turn_id, None)
+        if arrival is None or tracing.TRACER is None:
+            return
+        traceparent, start_ns = arrival
+        span = tracing.TRACER.start_span(
+            "admit",
+            context=tracing.parent(traceparent),
+            start_time=start_ns,
+            attributes=_admit_attributes(turn_id, run_id),
+        )
+        if isinstance(answer, Place):
+            span.set_attributes({"luftpause.replica": answer.replica, "luftpause.held_ms": answer.held_s * 1000.0,
+                                 "luftpause.reservation": False})  # fmt: skip
+        elif isinstance(answer, Refuse):
+            span.set_attribute("luftpause.outcome", "refused")
+            span.set_status(StatusCode.ERROR, answer.message)
+        else:
+            span.set_attribute("luftpause.outcome", "abandoned")
+        span.end()
+
+    def used_reservation(self, used: ev.ReservationUsed, traceparent: str) -> None:
+        """A turn the dataplane sent on a reservation, without asking: fed to the core, and with
+        tracing on given the admit span it would otherwise lack, held 0 ms."""
+        self.feed(used)
+        if tracing.TRACER is not None:
+            attributes = _admit_attributes(used.turn.turn_id, used.turn.run_id)
+            attributes.update(
+                {"luftpause.replica": used.replica, "luftpause.held_ms": 0.0, "luftpause.reservation": True}
+            )
+            tracing.TRACER.start_span(
+                "admit", context=tracing.parent(traceparent), attributes=attributes
+            ).end()
+
+    def trace_arrival(self, turn_id: str, traceparent: str) -> None:
+        """With tracing on: the turn's admit span starts now (kept until it is placed, refused or
+        abandoned), a child of `traceparent`, the dataplane's turn span. A turn admitted again
+        under the same id keeps its first arrival."""
+        self._arrivals.setdefault(turn_id, (traceparent, time.time_ns()))
 
     def admit(self, arrived: ev.TurnArrived, link: Link, echoed: Sequence[str] = ()) -> None:
         """Holds the turn until the core places or refuses it; the answer goes to `link`.
@@ -284,6 +332,8 @@ class SchedulerHost:
         if link is not None:
             link.waiting.pop(turn_id, None)
         self.feed(ev.TurnAbandoned(turn_id, run_id, self.clock()))
+        if turn_id in self._arrivals:
+            self._admit_span(turn_id, run_id, None)
 
     def connect(self, link: Link) -> None:
         self.dataplanes.setdefault(link.dataplane, DataplaneSeen()).streams += 1
@@ -346,6 +396,10 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
         case "run_ended":
             return ev.RunEnded(message.run_id, at)
     return None
+
+
+def _admit_attributes(turn_id: str, run_id: str) -> dict[str, str | float | bool]:
+    return {"luftpause.turn_id": turn_id, "luftpause.run_id": run_id}
 
 
 def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
@@ -433,6 +487,8 @@ class SchedulerService(rpc.SchedulerServicer):
                     log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
                     return
                 arrived = ev.TurnArrived(**_turn_fields(request), at=host.clock(), dataplane=link.dataplane)
+                if tracing.TRACER is not None:
+                    host.trace_arrival(request.turn_id, request.traceparent)
                 host.admit(arrived, link, request.echoed_tool_call_ids)
                 return
             case "reservation_used":
@@ -442,7 +498,9 @@ class SchedulerService(rpc.SchedulerServicer):
                     return
                 at = host.clock()
                 arrived = ev.TurnArrived(**_turn_fields(used.admit), at=at, dataplane=link.dataplane)
-                host.feed(ev.ReservationUsed(used.reservation_id, used.replica, arrived, at))
+                host.used_reservation(
+                    ev.ReservationUsed(used.reservation_id, used.replica, arrived, at), used.admit.traceparent
+                )
                 return
             case "reservation_returned":
                 host.feed(ev.ReservationReturned(item.reservation_returned, host.clock()))
@@ -649,4 +707,5 @@ async def _main(config: _config.Config) -> None:
 
 def serve(config: _config.Config) -> None:
     """Runs the scheduler in the foreground until SIGTERM or SIGINT."""
+    tracing.setup("luftpause-scheduler")
     asyncio.run(_main(config))

@@ -159,3 +159,16 @@ def test_replay_survives_any_single_damaged_record(tmp_path, damaged, where):
         assert runs["a"].spec == {"task": "ta"} and runs["a"].rounds == [[{"role": "assistant"}]]
     if damaged.get("run") != "b" or (damaged["type"] == "spawned" and where > 1):
         assert runs["b"].finished["result"] == "r"
+
+
+def test_a_run_spawned_with_tracing_on_keeps_its_trace_context_across_a_replay(tmp_path):
+    """What a run resumed after a restart is traced under (runtime/spans.py): the context
+    journaled with its spawned record; a run spawned with tracing off has none."""
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    journal = Journal(tmp_path)
+    journal.spawned("traced", {"task": "t"}, None, traceparent=traceparent)
+    journal.spawned("untraced", {"task": "t"}, None)
+    runs = {r.handle: r for r in journal.replay()}
+    assert runs["traced"].traceparent == traceparent
+    assert runs["untraced"].traceparent is None
+    assert "traceparent" not in read_records(journal.path)[1]

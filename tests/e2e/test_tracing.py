@@ -1,0 +1,164 @@
+"""One trace across the three services: a whole stack (`luftpause up --with-fakes`) exporting to an
+OTLP receiver of the test's own (tests/otlp_receiver.py).
+
+A harness spawns a sub-agent that makes two tool calls, its MCP request carrying a `traceparent`
+of its own in `_meta`. What an operator must find in that one trace, linked by parent ids: the
+runtime's `invoke_agent` (under the spawn request), a `chat` span per model turn with its tokens
+and finish reason and an `execute_tool` span per call under it; under each `chat`, the
+dataplane's span of that turn with its held time, engine queue time and time to first token;
+under each of those, the scheduler's `admit` span with the replica and held time; and under each
+`execute_tool`, the tool server's own span of the call.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from mcp import Client
+from otlp_receiver import OtlpReceiver, ReceivedSpan
+from support import Ports, start_up, stop_up, until, write_config
+
+from luftpause.fake_engine.replies import planned_tool_calls
+
+TRACE_ID = "5b8efff798038103d269b633813fc60c"
+CLIENT_SPAN = "eee19b7ec3c1b174"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+TOOL_CALLS = 2
+
+
+def task_planning(calls: int, prefix: str) -> str:
+    """A task for which the fake engine plans exactly `calls` tool calls."""
+    return next(
+        f"{prefix} {i}"
+        for i in range(1000)
+        if planned_tool_calls([{"role": "user", "content": f"{prefix} {i}"}]) == calls
+    )
+
+
+async def call(client: Client, tool: str, **arguments) -> dict:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def by_service(spans: list[ReceivedSpan], service: str, name: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.service == service and s.name == name]
+
+
+@pytest.mark.timeout(180)
+async def test_a_sub_agent_run_is_one_trace_across_runtime_dataplane_scheduler_and_tool_server(tmp_path):
+    ports = Ports()
+    with OtlpReceiver() as receiver:
+        # A short batch delay, so that the spans arrive while the test waits rather than in 5 s.
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        up = start_up(write_config(tmp_path, ports), tmp_path / "up.log", env=env)
+        try:
+            async with Client(f"http://127.0.0.1:{ports.runtime}/mcp", mode="legacy") as client:
+                arguments = {
+                    "task": task_planning(TOOL_CALLS, "traced"),
+                    "tools": ["lookup"],
+                    "maxTokens": 16,
+                }
+                spawned = await client.call_tool("spawn", arguments, meta={"traceparent": TRACEPARENT})
+                assert not spawned.is_error, spawned.content
+                handle = spawned.structured_content["handle"]
+                (run,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
+            assert (run["status"], run["toolCalls"]) == ("finished", TOOL_CALLS)
+            turns = run["turns"]
+
+            def whole_trace() -> bool:
+                spans = receiver.received()
+                return (
+                    len(by_service(spans, "luftpause-runtime", "invoke_agent")) == 1
+                    and len(by_service(spans, "luftpause-dataplane", "chat fake-llama")) == turns
+                    and len(by_service(spans, "luftpause-scheduler", "admit")) == turns
+                    and len(by_service(spans, "luftpause-fake-mcp", "tools/call lookup")) == TOOL_CALLS
+                )
+
+            await until(whole_trace, timeout_s=30, what="every span of the run at the receiver")
+        finally:
+            assert stop_up(up) == 0
+
+    spans = [s for s in receiver.received() if s.trace_id == TRACE_ID]
+    by_id = {s.span_id: s for s in spans}
+
+    def ancestors(span: ReceivedSpan) -> list[ReceivedSpan]:
+        chain = []
+        while span.parent_id in by_id:
+            span = by_id[span.parent_id]
+            chain.append(span)
+        return chain
+
+    # The run, under the MCP request that spawned it, under the harness's own span.
+    (agent,) = by_service(spans, "luftpause-runtime", "invoke_agent")
+    spawn_request = by_id[agent.parent_id]
+    assert (spawn_request.name, spawn_request.parent_id) == ("tools/call spawn", CLIENT_SPAN)
+    assert agent.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert agent.attributes["gen_ai.agent.id"] == handle
+    assert agent.attributes["luftpause.run.status"] == "finished"
+
+    # A chat span per model turn, with what its reply said.
+    chats = by_service(spans, "luftpause-runtime", "chat fake-llama")
+    assert len(chats) == turns == TOOL_CALLS + 1
+    for chat in chats:
+        assert chat.parent_id == agent.span_id
+        assert chat.attributes["gen_ai.operation.name"] == "chat"
+        assert chat.attributes["gen_ai.request.model"] == "fake-llama"
+        assert chat.attributes["gen_ai.usage.input_tokens"] > 0
+        assert chat.attributes["gen_ai.usage.output_tokens"] > 0
+    reasons = [c.attributes["gen_ai.response.finish_reasons"] for c in chats]
+    # Every turn but the answer asked for tools; the answer ended (max_tokens may cut it: "length").
+    assert reasons.count(["tool_calls"]) == turns - 1
+    assert [r for r in reasons if r != ["tool_calls"]] in ([["stop"]], [["length"]])
+
+    # An execute_tool span per call, and the tool server's own span of it below.
+    tools = by_service(spans, "luftpause-runtime", "execute_tool lookup")
+    assert len(tools) == TOOL_CALLS
+    for tool in tools:
+        assert tool.parent_id == agent.span_id
+        assert tool.attributes["gen_ai.tool.name"] == "lookup"
+        assert tool.attributes["gen_ai.tool.call.id"]
+    served = by_service(spans, "luftpause-fake-mcp", "tools/call lookup")
+    assert sorted(next(a.span_id for a in ancestors(s) if a in tools) for s in served) == sorted(
+        t.span_id for t in tools
+    )
+
+    # The dataplane's span of each turn, under that turn's chat span.
+    proxied = by_service(spans, "luftpause-dataplane", "chat fake-llama")
+    assert sorted(p.parent_id for p in proxied) == sorted(c.span_id for c in chats)
+    for p in proxied:
+        a = p.attributes
+        chat = by_id[p.parent_id]
+        assert a["gen_ai.response.finish_reasons"] == chat.attributes["gen_ai.response.finish_reasons"]
+        assert a["gen_ai.usage.output_tokens"] == chat.attributes["gen_ai.usage.output_tokens"]
+        assert a["luftpause.outcome"] == "completed"
+        assert a["luftpause.run_id"] == handle
+        assert a["luftpause.replica"] in ("fake-a", "fake-b")
+        assert a["luftpause.held_ms"] >= 0
+        assert 0 <= a["luftpause.engine_queue_ms"] <= a["luftpause.time_to_first_token_ms"]
+
+    # The scheduler's admit span of each turn, under the dataplane's, on the replica it went to.
+    admits = by_service(spans, "luftpause-scheduler", "admit")
+    assert sorted(s.parent_id for s in admits) == sorted(p.span_id for p in proxied)
+    for admit in admits:
+        turn = by_id[admit.parent_id]
+        assert admit.attributes["luftpause.replica"] == turn.attributes["luftpause.replica"]
+        assert admit.attributes["luftpause.turn_id"] == turn.attributes["luftpause.turn_id"]
+        assert admit.attributes["luftpause.held_ms"] >= 0
+        if admit.attributes["luftpause.reservation"]:
+            assert admit.attributes["luftpause.held_ms"] == 0
+
+
+def test_tracing_is_off_without_an_endpoint_and_then_loads_no_sdk():
+    """Without OTEL_EXPORTER_OTLP_ENDPOINT a service installs nothing (and exports nothing): not
+    even the SDK is imported. With it, the SDK's provider is installed."""
+    probe = "import sys; from luftpause import tracing; print(tracing.setup('x'), 'opentelemetry.sdk' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    off = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split() == ["False", "False"]
+    on_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    on = subprocess.run([sys.executable, "-c", probe], env=on_env, capture_output=True, text=True, check=True)
+    assert on.stdout.split() == ["True", "True"]
