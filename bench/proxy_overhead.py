@@ -19,11 +19,14 @@ less CPU a turn, so that the engine does not bound the arms on a small machine.
 With `--workers 1,2`, the luftpause arm is run once per worker count, each its own dataplane
 (`luftpause dataplane --workers N`, arms `luftpause` and `luftpause-2w`) beside the others, all
 sharing the one scheduler. With `--profile`, one more luftpause pass runs under py-spy (dataplane
-and scheduler) and the functions the dataplane spends its time in are printed.
+and scheduler) and the functions the dataplane spends its time in are printed. With `--tracing`,
+an arm `luftpause-traced` runs beside them on a scheduler and a dataplane of its own that export
+every span (OTEL_EXPORTER_OTLP_ENDPOINT) to an OTLP sink on loopback (otlp_sink.py); the spans it
+received are counted in the record.
 
     luftpause bench proxy_overhead [--engine fake|canned] [--turns 2000] [--concurrency 1,64]
                                    [--repeats 1] [--arms direct,router,luftpause] [--workers 1]
-                                   [--profile]
+                                   [--profile] [--tracing]
 """
 
 from __future__ import annotations
@@ -549,10 +552,57 @@ def stack(
                     # One run per stream, as agents with their own loop would send.
                     lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"},
                 )
+        if TRACED in arms:
+            made[TRACED] = _traced_arm(work, engine_port, servers)
         yield made, servers
     finally:
         for server in reversed(servers):
             server.stop()
+
+
+# The arm with tracing on: a scheduler and a dataplane of its own, exporting every span over
+# OTLP/HTTP (batched, as luftpause/tracing.py sets it up) to a sink on loopback.
+TRACED = "luftpause-traced"
+
+
+def _traced_arm(work: Path, engine_port: int, servers: list[Server]) -> Arm:
+    py = sys.executable
+    sink_port, grpc_port, status_port, dataplane_port = free_port(), free_port(), free_port(), free_port()
+    config = _config(work, engine_port, grpc_port, status_port, dataplane_port, "luftpause-traced.toml")
+    sink = Server(
+        "otlp-sink", [py, "-m", "luftpause.bench.otlp_sink", "--port", str(sink_port)], work / "sink.log"
+    )
+    servers.append(sink.start())
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}", "LUFTPAUSE_TOKEN": TOKEN}
+    scheduler = Server(
+        "scheduler-traced",
+        [py, "-m", "luftpause", "--log-level", "WARNING", "scheduler", "--config", str(config)],
+        work / "scheduler-traced.log",
+        env=traced,
+    )
+    servers.append(scheduler.start())
+    dataplane = Server(
+        "dataplane-traced",
+        [py, "-m", "luftpause", "--log-level", "WARNING", "dataplane", "--config", str(config)],
+        work / "dataplane-traced.log",
+        env=traced,
+    )
+    servers.append(dataplane.start())
+    url = f"http://127.0.0.1:{dataplane_port}"
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    wait_for("the traced dataplane", lambda: _chat_ok(url, auth), servers)
+    return Arm(
+        TRACED, url, [dataplane, scheduler], lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"}
+    )
+
+
+def spans_exported(work: Path, servers: list[Server]) -> int | None:
+    """What the sink of the traced arm has received, None without one."""
+    sink = next((s for s in servers if s.name == "otlp-sink"), None)
+    if sink is None:
+        return None
+    port = sink.argv[-1]
+    return int(httpx.get(f"http://127.0.0.1:{port}/count", timeout=5).json()["spans"])
 
 
 def run(
@@ -564,11 +614,14 @@ def run(
     warmup: int,
     profile: bool,
     workers: list[int] | None = None,
+    tracing: bool = False,
 ) -> dict[str, Any]:
     workers = workers or [1]
     if "luftpause" in arms:
         at = arms.index("luftpause")
         arms = [*arms[:at], *(luftpause_arm(w) for w in workers), *arms[at + 1 :]]
+    if tracing:
+        arms = [*arms, TRACED]
     work = Path(tempfile.mkdtemp(prefix="luftpause-proxy-overhead-"))
     record: dict[str, Any] = {
         "engine": engine,
@@ -589,6 +642,10 @@ def run(
                     result["repeat"] = repeat
                     record["runs"].append(result)
                     print(_line(result), flush=True)
+        if tracing:
+            # Every span the traced arm's batches carried by now (the exporters flush within seconds).
+            record["spans_exported"] = spans_exported(work, servers)
+            print(f"traced arm: {record['spans_exported']} spans received by the OTLP sink", flush=True)
         if profile and "luftpause" in made and "dataplane" in {s.name for s in servers}:
             dataplane = next(s for s in servers if s.name == "dataplane")
             scheduler = next(s for s in servers if s.name == "scheduler")
@@ -675,6 +732,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated dataplane worker counts, one luftpause arm each (default 1)",
     )
     p.add_argument("--profile", action="store_true", help="profile the dataplane with py-spy afterwards")
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help=f"add an arm `{TRACED}`: its own scheduler and dataplane exporting spans to an OTLP sink",
+    )
     args = p.parse_args(argv)
     # Readiness checks go through httpx, which logs every request at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -695,7 +757,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workers takes comma-separated whole numbers, got {args.workers!r}")
     if not workers or any(w < 1 for w in workers) or len(set(workers)) != len(workers):
         p.error(f"--workers takes distinct worker counts of 1 or more, got {args.workers!r}")
-    record = run(args.engine, arms, concurrency, args.turns, args.repeats, args.warmup, args.profile, workers)
+    record = run(
+        args.engine,
+        arms,
+        concurrency,
+        args.turns,
+        args.repeats,
+        args.warmup,
+        args.profile,
+        workers,
+        args.tracing,
+    )
     text = table(record)
     path = results.write("proxy_overhead", record, text)
     print(text)
