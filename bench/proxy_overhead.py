@@ -703,7 +703,7 @@ def table(record: dict[str, Any]) -> str:
         direct = summary.get("direct")
         for arm, s in summary.items():
             servers = {"direct": ["engine"], "router": ["router", "engine"]}.get(
-                arm, [_dataplane_of(arm), "scheduler", "engine"]
+                arm, [_dataplane_of(arm), "scheduler-traced" if arm == TRACED else "scheduler", "engine"]
             )
             cpu = ", ".join(f"{name} {s['cpu'][name]:.2f}" for name in servers if name in s["cpu"])
             added = (
