@@ -8,18 +8,25 @@ and finish reason and an `execute_tool` span per call under it; under each `chat
 dataplane's span of that turn with its held time, engine queue time and time to first token;
 under each of those, the scheduler's `admit` span with the replica and held time; and under each
 `execute_tool`, the tool server's own span of the call.
+
+And the same trace across a runtime killed mid-run: the run resumed from the journal gets a new
+`invoke_agent` (`luftpause.run.resumed`) under the spawn request's span, from the context its
+`spawned` record carries.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mcp import Client
 from otlp_receiver import OtlpReceiver, ReceivedSpan
-from support import Ports, start_up, stop_up, until, write_config
+from support import Ports, http_ok, start_up, started_children, stop_up, until, write_config
 
 from luftpause.fake_engine.replies import planned_tool_calls
 
@@ -150,6 +157,106 @@ async def test_a_sub_agent_run_is_one_trace_across_runtime_dataplane_scheduler_a
         assert admit.attributes["luftpause.held_ms"] >= 0
         if admit.attributes["luftpause.reservation"]:
             assert admit.attributes["luftpause.held_ms"] == 0
+
+
+def journal(directory: Path) -> list[dict]:
+    """The records of the runtime's journal (state/runs.jsonl under the config's directory)."""
+    path = directory / "state" / "runs.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+@pytest.mark.timeout(180)
+async def test_a_run_resumed_after_kill_9_of_the_runtime_stays_in_its_trace(tmp_path):
+    """The runtime is killed (SIGKILL) once the run has a tool round in the journal; `up` starts
+    it again and the run resumes. Its first `invoke_agent` never ended, so it is never exported;
+    what must be there is the resumed run's own, in the spawn's trace under the spawn request's
+    span, with the turns made after the restart under it."""
+    ports = Ports()
+    with OtlpReceiver() as receiver:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        log = tmp_path / "up.log"
+        up = start_up(write_config(tmp_path, ports), log, env=env)
+        url = f"http://127.0.0.1:{ports.runtime}/mcp"
+        try:
+            async with Client(url, mode="legacy") as client:
+                # Three tool calls of about a second each: the run still goes for seconds after its first round.
+                arguments = {"task": task_planning(3, "resumed"), "tools": ["lookup"], "maxTokens": 16}
+                spawned = await client.call_tool("spawn", arguments, meta={"traceparent": TRACEPARENT})
+                assert not spawned.is_error, spawned.content
+                handle = spawned.structured_content["handle"]
+
+            def spawn_request_received() -> bool:
+                return any(
+                    s.trace_id == TRACE_ID and s.name == "tools/call spawn" for s in receiver.received()
+                )
+
+            await until(spawn_request_received, timeout_s=30, what="the spawn request's span at the receiver")
+            await until(
+                lambda: any(r["type"] == "round" and r["run"] == handle for r in journal(tmp_path)),
+                timeout_s=30,
+                what="a complete tool round of the run in the journal",
+            )
+            pid = started_children(log)["runtime"]
+            os.kill(pid, signal.SIGKILL)
+            await until(
+                lambda: f"runtime (pid {pid}) exited" in log.read_text(), what="up to see the runtime die"
+            )
+            records = journal(tmp_path)
+            assert not any(r["type"] == "finished" and r["run"] == handle for r in records), (
+                "the run finished before the kill: nothing was resumed"
+            )
+
+            await until(lambda: "restarted runtime" in log.read_text(), timeout_s=30, what="up to restart it")
+            await until(lambda: http_ok(f"http://127.0.0.1:{ports.runtime}/status"), what="the new runtime")
+            async with Client(url) as client:  # a new session: the legacy one died with the runtime
+                (run,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
+            assert (run["status"], run["toolCalls"]) == ("finished", 3)
+
+            def resumed_agent() -> list[ReceivedSpan]:
+                return [
+                    s
+                    for s in by_service(receiver.received(), "luftpause-runtime", "invoke_agent")
+                    if s.attributes["gen_ai.agent.id"] == handle and s.attributes["luftpause.run.resumed"]
+                ]
+
+            def answer_under_it() -> bool:
+                agents = resumed_agent()
+                return bool(agents) and any(
+                    s.parent_id == agents[0].span_id
+                    and s.attributes.get("gen_ai.response.finish_reasons") not in (None, ["tool_calls"])
+                    for s in by_service(receiver.received(), "luftpause-runtime", "chat fake-llama")
+                )
+
+            await until(
+                answer_under_it, timeout_s=30, what="the resumed run's span and its answer's chat span"
+            )
+        finally:
+            assert stop_up(up) == 0
+
+    # One resumed invoke_agent, in the spawn's trace (not a trace of its own).
+    (agent,) = resumed_agent()
+    assert agent.trace_id == TRACE_ID, "the resumed run's span is not in the trace it was spawned in"
+    assert agent.attributes["luftpause.run.status"] == "finished"
+    # Under the span of the MCP request that spawned the run (the first invoke_agent's parent too,
+    # as the journaled traceparent says), itself under the harness's span.
+    spans = [s for s in receiver.received() if s.trace_id == TRACE_ID]
+    by_id = {s.span_id: s for s in spans}
+    spawned_record = next(r for r in records if r["type"] == "spawned" and r["run"] == handle)
+    spawn_request = by_id[agent.parent_id]
+    assert (spawn_request.name, spawn_request.parent_id) == ("tools/call spawn", CLIENT_SPAN)
+    assert spawned_record["traceparent"] == f"00-{TRACE_ID}-{spawn_request.span_id}-01"
+    # Every turn made after the restart (the journal counted the ones before) is its child, the answer among them.
+    turns_before = [r["turns"] for r in records if r["run"] == handle and "turns" in r][-1]
+    chats = [
+        s for s in by_service(spans, "luftpause-runtime", "chat fake-llama") if s.parent_id == agent.span_id
+    ]
+    assert len(chats) == run["turns"] - turns_before > 0
+    for chat in chats:
+        assert chat.attributes["gen_ai.usage.output_tokens"] > 0
+    # Turns of the killed runtime that did get out sit under its lost invoke_agent, not under this one.
+    first = {s.parent_id for s in by_service(spans, "luftpause-runtime", "chat fake-llama")} - {agent.span_id}
+    assert len(first) <= 1 and not first & set(by_id)
 
 
 def test_tracing_is_off_without_an_endpoint_and_then_loads_no_sdk():
