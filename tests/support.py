@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import re
 import signal
@@ -333,3 +334,51 @@ def stop_up(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+# -- Prometheus expositions -----------------------------------------------------------------------
+
+# A scrape's samples by (name, labels).
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str, **kw: Any) -> Samples:
+    """`GET {url}/metrics` (kw go to httpx, e.g. headers), parsed as Prometheus text; asserts a 200 of that type."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = httpx.get(f"{url}/metrics", timeout=5, **kw)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(answer.text)
+        for s in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """The value of one sample, by its name and its whole label set."""
+    return samples[name, frozenset(labels.items())]
+
+
+# -- MCP tools of the runtime -----------------------------------------------------------------------
+
+
+def task_planning(calls: int, prefix: str) -> str:
+    """A task for which the fake engine plans exactly `calls` tool calls."""
+    from luftpause.fake_engine.replies import planned_tool_calls
+
+    for i in range(1000):
+        task = f"{prefix} {i}"
+        if planned_tool_calls([{"role": "user", "content": task}]) == calls:
+            return task
+    raise AssertionError(f"no task starting {prefix!r} makes the fake engine plan {calls} tool calls")
+
+
+async def call(client: Any, tool: str, **arguments: Any) -> dict[str, Any]:
+    """Calls a runtime tool over MCP (`client`: an `mcp.Client`); asserts it succeeded and that its
+    text carries the same object as its structuredContent, for clients that ignore the latter."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert json.loads(result.content[0].text) == result.structured_content
+    return result.structured_content

@@ -12,24 +12,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from support import Ports, start_up, stop_up, wait_until, write_config
-
-from luftpause.fake_engine.replies import planned_tool_calls
-
-
-def task_planning(calls: int, prefix: str) -> str:
-    """A task for which the fake engine plans exactly `calls` tool calls."""
-    return next(
-        f"{prefix} {i}"
-        for i in range(1000)
-        if planned_tool_calls([{"role": "user", "content": f"{prefix} {i}"}]) == calls
-    )
-
-
-async def call(client: Client, tool: str, **arguments) -> dict:
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    return result.structured_content
+from support import Ports, call, start_up, stop_up, task_planning, wait_until, write_config
 
 
 async def error_of(client: Client, tool: str, **arguments) -> str:

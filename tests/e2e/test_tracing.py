@@ -26,29 +26,22 @@ from pathlib import Path
 import pytest
 from mcp import Client
 from otlp_receiver import OtlpReceiver, ReceivedSpan
-from support import Ports, http_ok, start_up, started_children, stop_up, until, write_config
-
-from luftpause.fake_engine.replies import planned_tool_calls
+from support import (
+    Ports,
+    call,
+    http_ok,
+    start_up,
+    started_children,
+    stop_up,
+    task_planning,
+    until,
+    write_config,
+)
 
 TRACE_ID = "5b8efff798038103d269b633813fc60c"
 CLIENT_SPAN = "eee19b7ec3c1b174"
 TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 TOOL_CALLS = 2
-
-
-def task_planning(calls: int, prefix: str) -> str:
-    """A task for which the fake engine plans exactly `calls` tool calls."""
-    return next(
-        f"{prefix} {i}"
-        for i in range(1000)
-        if planned_tool_calls([{"role": "user", "content": f"{prefix} {i}"}]) == calls
-    )
-
-
-async def call(client: Client, tool: str, **arguments) -> dict:
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    return result.structured_content
 
 
 def by_service(spans: list[ReceivedSpan], service: str, name: str) -> list[ReceivedSpan]:

@@ -23,8 +23,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, RequestParams, Result
 from mcp_types._types import Request
 from pydantic import TypeAdapter
-from support import Service, free_port, until, wait_until
-from test_runtime_e2e import Backends, call, error_of, task_planning
+from support import Service, call, free_port, task_planning, until, wait_until
+from test_runtime_e2e import Backends, error_of
 from test_runtime_e2e import backends as backends  # noqa: F401 (the module's fixture, shared)
 
 from luftpause.runtime.auth import UNAUTHORIZED

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
-from support import Ports, http_ok, start_up, stop_up, wait_until, write_config
-from test_runtime_e2e import call, task_planning
+from support import Ports, call, http_ok, start_up, stop_up, task_planning, wait_until, write_config
 
 FIXTURE = Path(__file__).resolve().parent / "tool_fixture.py"
 RUNS = 8

@@ -17,21 +17,11 @@ import httpx
 import pytest
 from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from support import Service, free_port, wait_until, write_runtime_config
+from support import Service, call, free_port, task_planning, wait_until, write_runtime_config
 
-from luftpause.fake_engine.replies import planned_tool_calls
 from luftpause.runtime.spec import RunSpec
 
 TOOLS = {"spawn", "await", "run", "status", "cancel", "approve", "tools", "decide"}
-
-
-def task_planning(calls: int, prefix: str) -> str:
-    """A task for which the fake engine plans exactly `calls` tool calls."""
-    for i in range(1000):
-        task = f"{prefix} {i}"
-        if planned_tool_calls([{"role": "user", "content": task}]) == calls:
-            return task
-    raise AssertionError("no such task")
 
 
 @dataclass
@@ -99,14 +89,6 @@ def runtime(tmp_path_factory, backends) -> Iterator[Runtime]:
         yield rt
     finally:
         rt.service.stop()
-
-
-async def call(client: Client, tool: str, **arguments) -> dict:
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    # The text rendering carries the same object, for clients that ignore structuredContent.
-    assert json.loads(result.content[0].text) == result.structured_content
-    return result.structured_content
 
 
 async def error_of(client: Client, tool: str, **arguments) -> str:

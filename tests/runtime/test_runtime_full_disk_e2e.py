@@ -26,21 +26,10 @@ from pathlib import Path
 
 import httpx
 from mcp import Client
-from support import runtime_beside_fakes, until, wait_until
-
-from luftpause.fake_engine.replies import planned_tool_calls
+from support import runtime_beside_fakes, task_planning, until, wait_until
 
 SITE = Path(__file__).resolve().parent / "full_disk_site.py"
 NO_SPACE = os.strerror(28)  # ENOSPC: "No space left on device"
-
-
-def task_planning(calls: int, prefix: str) -> str:
-    """A task for which the fake engine plans exactly `calls` tool calls."""
-    return next(
-        task
-        for task in (f"{prefix} {i}" for i in range(1000))
-        if planned_tool_calls([{"role": "user", "content": task}]) == calls
-    )
 
 
 def journal(state: Path) -> list[dict]:

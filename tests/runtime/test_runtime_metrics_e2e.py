@@ -14,27 +14,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from mcp import Client
-from prometheus_client.parser import text_string_to_metric_families
-from support import until
+from support import call, sample, scrape, task_planning, until
 from test_runtime_approvals_e2e import RuntimeUnderTest, destructive_task
-from test_runtime_e2e import Backends, call, task_planning
+from test_runtime_e2e import Backends
 from test_runtime_e2e import backends as backends  # noqa: F401 (the module's fixture, shared)
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(rt: RuntimeUnderTest, **kw) -> Samples:
-    answer = httpx.get(f"http://127.0.0.1:{rt.port}/metrics", timeout=5, **kw)
-    assert answer.status_code == 200, answer.text
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(answer.text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[name, frozenset(labels.items())]
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +30,20 @@ def runtime(tmp_path_factory, backends: Backends) -> Iterator[RuntimeUnderTest]:
 
 
 async def test_runs_approvals_tool_calls_budgets_and_journal_writes_move(runtime: RuntimeUnderTest):
-    before = scrape(runtime)
-    assert value(before, "luftpause_runtime_approvals_waiting") == 0
-    assert value(before, "luftpause_runtime_tool_calls_total", server="fixture", outcome="ok") == 0
+    before = scrape(f"http://127.0.0.1:{runtime.port}")
+    assert sample(before, "luftpause_runtime_approvals_waiting") == 0
+    assert sample(before, "luftpause_runtime_tool_calls_total", server="fixture", outcome="ok") == 0
     async with Client(runtime.url) as client:
         handle = (await call(client, "spawn", **destructive_task("metrics approval")))["handle"]
         await until(
-            lambda: value(scrape(runtime), "luftpause_runtime_approvals_waiting") == 1,
+            lambda: (
+                sample(scrape(f"http://127.0.0.1:{runtime.port}"), "luftpause_runtime_approvals_waiting") == 1
+            ),
             timeout_s=60,
             what="the approval waiting in /metrics",
         )
-        waiting = scrape(runtime)
-        assert value(waiting, "luftpause_runtime_runs", state="AwaitingApproval") == 1
+        waiting = scrape(f"http://127.0.0.1:{runtime.port}")
+        assert sample(waiting, "luftpause_runtime_runs", state="AwaitingApproval") == 1
         await call(client, "approve", handle=handle, allow=True)
         (done,) = (await call(client, "await", handles=[handle], timeout=60))["runs"]
         assert done["status"] == "finished"
@@ -70,17 +55,17 @@ async def test_runs_approvals_tool_calls_budgets_and_journal_writes_move(runtime
         (tripped,) = (await call(client, "await", handles=[budgeted["handle"]], timeout=60))["runs"]
         assert tripped["error"] == "budget exceeded: toolCalls 1/1"
 
-    after = scrape(runtime)
-    assert value(after, "luftpause_runtime_approvals_waiting") == 0
-    assert value(after, "luftpause_runtime_runs", state="AwaitingApproval") == 0
-    assert value(after, "luftpause_runtime_runs", state="finished") == 1
-    assert value(after, "luftpause_runtime_runs", state="cancelled") == 1
-    assert value(after, "luftpause_runtime_tool_calls_total", server="fixture", outcome="ok") == 2
-    assert value(after, "luftpause_runtime_budget_trips_total", kind="toolCalls") == 1
-    assert value(after, "luftpause_runtime_budget_trips_total", kind="tokens") == 0
-    writes = value(after, "luftpause_runtime_journal_write_seconds_count")
-    assert writes > value(before, "luftpause_runtime_journal_write_seconds_count")
-    assert 0 < value(after, "luftpause_runtime_journal_write_seconds_sum") < writes * 5
+    after = scrape(f"http://127.0.0.1:{runtime.port}")
+    assert sample(after, "luftpause_runtime_approvals_waiting") == 0
+    assert sample(after, "luftpause_runtime_runs", state="AwaitingApproval") == 0
+    assert sample(after, "luftpause_runtime_runs", state="finished") == 1
+    assert sample(after, "luftpause_runtime_runs", state="cancelled") == 1
+    assert sample(after, "luftpause_runtime_tool_calls_total", server="fixture", outcome="ok") == 2
+    assert sample(after, "luftpause_runtime_budget_trips_total", kind="toolCalls") == 1
+    assert sample(after, "luftpause_runtime_budget_trips_total", kind="tokens") == 0
+    writes = sample(after, "luftpause_runtime_journal_write_seconds_count")
+    assert writes > sample(before, "luftpause_runtime_journal_write_seconds_count")
+    assert 0 < sample(after, "luftpause_runtime_journal_write_seconds_sum") < writes * 5
     # No run handle is ever a label.
     assert not any(handle in str(labels) for _, labels in after)
 
@@ -91,7 +76,7 @@ def test_with_a_token_a_scrape_needs_it_and_is_told_so(tmp_path, backends: Backe
         refused = httpx.get(f"http://127.0.0.1:{rt.port}/metrics", timeout=5)
         assert refused.status_code == 401
         assert "LUFTPAUSE_TOKEN" in refused.json()["error"]["message"]
-        samples = scrape(rt, headers={"authorization": "Bearer s3cret"})
-        assert value(samples, "luftpause_runtime_runs", state="running") == 0
+        samples = scrape(f"http://127.0.0.1:{rt.port}", headers={"authorization": "Bearer s3cret"})
+        assert sample(samples, "luftpause_runtime_runs", state="running") == 0
     finally:
         rt.service.stop()

@@ -14,9 +14,8 @@ import signal
 
 import pytest
 from mcp import Client
-from support import Ports, start_up, stop_up, wait_until
+from support import Ports, call, start_up, stop_up, task_planning, wait_until
 from test_runtime_durable_up import journal, write_stack_config
-from test_runtime_e2e import call, task_planning
 
 RUNS = 8
 

@@ -11,8 +11,7 @@ turns went in one at a time.
 
 import httpx
 from mcp import Client
-from support import Ports, Service, free_port, running, until, wait_until, write_config
-from test_runtime_e2e import call, task_planning
+from support import Ports, Service, call, free_port, running, task_planning, until, wait_until, write_config
 
 RUNS = 3
 

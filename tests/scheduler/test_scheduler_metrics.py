@@ -16,31 +16,13 @@ import grpc
 import httpx
 import pytest
 from immutables import Map
-from prometheus_client.parser import text_string_to_metric_families
-from support import Ports, Service, running, until, write_config
+from support import Ports, Service, running, sample, scrape, until, write_config
 from test_scheduler_process import MODEL, EngineStandIn
 from turns_stream import TurnsStream
 
 from luftpause.proto import pb, rpc
 from luftpause.scheduler.metrics import CALLERS_SHOWN, HostCounts, SchedulerCollector
 from luftpause.scheduler.state import Kind, Replica, ServiceClass, State, Turn
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(url: str, **kw) -> Samples:
-    answer = httpx.get(f"{url}/metrics", timeout=5, **kw)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["content-type"].startswith("text/plain")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(answer.text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[name, frozenset(labels.items())]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +42,7 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
 async def test_the_families_move_as_turns_are_placed_held_reserved_and_resynced(scheduler):
     url, target, engine = scheduler
     before = scrape(url)
-    assert value(before, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "(other)"}) == 0
+    assert sample(before, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "(other)"}) == 0
     # Someone else's request waits in the engine: with one turn of ours there, the next is held.
     engine.running, engine.waiting = 1, 1
     await until(
@@ -79,28 +61,30 @@ async def test_the_families_move_as_turns_are_placed_held_reserved_and_resynced(
         )
         await until(lambda: httpx.get(f"{url}/status").json()["held"]["count"] == 1, what="m-t2 held")
         held = scrape(url)
-        assert value(held, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "team-b"}) == 1
-        assert value(held, "luftpause_scheduler_held_oldest_wait_seconds", **{"class": "batch"}) > 0
-        assert value(held, "luftpause_scheduler_held_oldest_wait_seconds", **{"class": "interactive"}) == 0
-        assert value(held, "luftpause_scheduler_in_flight_turns", replica="fake-a") == 1
-        assert value(held, "luftpause_scheduler_admission_limit", replica="fake-a") == 1
-        assert value(held, "luftpause_scheduler_runs", **{"class": "interactive", "phase": "generating"}) == 1
-        placed = value(held, "luftpause_scheduler_decisions_total", action="place")
-        assert placed == value(before, "luftpause_scheduler_decisions_total", action="place") + 1
+        assert sample(held, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "team-b"}) == 1
+        assert sample(held, "luftpause_scheduler_held_oldest_wait_seconds", **{"class": "batch"}) > 0
+        assert sample(held, "luftpause_scheduler_held_oldest_wait_seconds", **{"class": "interactive"}) == 0
+        assert sample(held, "luftpause_scheduler_in_flight_turns", replica="fake-a") == 1
+        assert sample(held, "luftpause_scheduler_admission_limit", replica="fake-a") == 1
+        assert (
+            sample(held, "luftpause_scheduler_runs", **{"class": "interactive", "phase": "generating"}) == 1
+        )
+        placed = sample(held, "luftpause_scheduler_decisions_total", action="place")
+        assert placed == sample(before, "luftpause_scheduler_decisions_total", action="place") + 1
 
         # The engine's queue empties and our first turn's first token comes: the held turn goes.
         engine.running, engine.waiting = 1, 0
         await turns.report(pb.TurnEvent(turn_id="m-t1", run_id="m-r1", first_token=pb.FirstToken()))
         assert (await second).outcome == pb.AdmitReply.PLACED
         after = scrape(url)
-        assert value(after, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "(other)"}) == 0
+        assert sample(after, "luftpause_scheduler_held_turns", **{"class": "batch", "caller": "(other)"}) == 0
         assert (
             "luftpause_scheduler_held_turns",
             frozenset({("class", "batch"), ("caller", "team-b")}),
         ) not in after
-        assert value(after, "luftpause_scheduler_decisions_total", action="place") == placed + 1
-        assert value(after, "luftpause_scheduler_in_flight_turns", replica="fake-a") == 2
-        assert value(after, "luftpause_scheduler_dataplane_streams") == 1
+        assert sample(after, "luftpause_scheduler_decisions_total", action="place") == placed + 1
+        assert sample(after, "luftpause_scheduler_in_flight_turns", replica="fake-a") == 2
+        assert sample(after, "luftpause_scheduler_dataplane_streams") == 1
         for turn_id, run_id in (("m-t1", "m-r1"), ("m-t2", "m-r2")):
             await turns.report(
                 pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=pb.TurnCompleted(finish_reason="stop"))
@@ -112,29 +96,29 @@ async def test_the_families_move_as_turns_are_placed_held_reserved_and_resynced(
         await turns._write(pb.DataplaneItem(want_reservations=pb.WantReservations()))
         await turns.admit(pb.AdmitRequest(turn_id="m-t3", run_id="m-r3", model=MODEL))
         await until(
-            lambda: value(scrape(url), "luftpause_scheduler_reservations", replica="fake-a") >= 1,
+            lambda: sample(scrape(url), "luftpause_scheduler_reservations", replica="fake-a") >= 1,
             what="a reservation on fake-a in /metrics",
         )
         reply = await rpc.SchedulerStub(channel).Resync(iter([pb.ResyncRequest()]))
         assert reply.runs == 0
     assert (
-        value(scrape(url), "luftpause_scheduler_resyncs_total")
-        == value(before, "luftpause_scheduler_resyncs_total") + 1
+        sample(scrape(url), "luftpause_scheduler_resyncs_total")
+        == sample(before, "luftpause_scheduler_resyncs_total") + 1
     )
 
     # The replica stops answering its health check: each probe that finds it so is counted.
-    failures = value(scrape(url), "luftpause_scheduler_probe_failures_total", replica="fake-a")
+    failures = sample(scrape(url), "luftpause_scheduler_probe_failures_total", replica="fake-a")
     engine.healthy = False
     try:
         await until(
             lambda: (
-                value(scrape(url), "luftpause_scheduler_probe_failures_total", replica="fake-a")
+                sample(scrape(url), "luftpause_scheduler_probe_failures_total", replica="fake-a")
                 >= failures + 2
             ),
             what="probe failures counted",
         )
         down = scrape(url)
-        assert value(down, "luftpause_scheduler_replica_healthy", replica="fake-a") == 0
+        assert sample(down, "luftpause_scheduler_replica_healthy", replica="fake-a") == 0
     finally:
         engine.healthy = True
 
@@ -172,7 +156,7 @@ def test_with_a_token_a_scrape_without_it_is_answered_401(tmp_path: Path):
         assert refused.status_code == 401
         assert "LUFTPAUSE_TOKEN" in refused.json()["error"]["message"]
         assert (
-            value(
+            sample(
                 scrape(url, headers={"authorization": "Bearer s3cret"}), "luftpause_scheduler_resyncs_total"
             )
             == 0
