@@ -574,20 +574,16 @@ def _traced_arm(work: Path, engine_port: int, servers: list[Server]) -> Arm:
     )
     servers.append(sink.start())
     traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}", "LUFTPAUSE_TOKEN": TOKEN}
-    scheduler = Server(
-        "scheduler-traced",
-        [py, "-m", "luftpause", "--log-level", "WARNING", "scheduler", "--config", str(config)],
-        work / "scheduler-traced.log",
-        env=traced,
+    scheduler, dataplane = (
+        Server(
+            f"{role}-traced",
+            [py, "-m", "luftpause", "--log-level", "WARNING", role, "--config", str(config)],
+            work / f"{role}-traced.log",
+            env=traced,
+        )
+        for role in ("scheduler", "dataplane")
     )
-    servers.append(scheduler.start())
-    dataplane = Server(
-        "dataplane-traced",
-        [py, "-m", "luftpause", "--log-level", "WARNING", "dataplane", "--config", str(config)],
-        work / "dataplane-traced.log",
-        env=traced,
-    )
-    servers.append(dataplane.start())
+    servers.extend((scheduler.start(), dataplane.start()))
     url = f"http://127.0.0.1:{dataplane_port}"
     auth = {"authorization": f"Bearer {TOKEN}"}
     wait_for("the traced dataplane", lambda: _chat_ok(url, auth), servers)
@@ -602,7 +598,16 @@ def spans_exported(work: Path, servers: list[Server]) -> int | None:
     if sink is None:
         return None
     port = sink.argv[-1]
-    return int(httpx.get(f"http://127.0.0.1:{port}/count", timeout=5).json()["spans"])
+    # The exporters send a batch every 5 s (OTEL_BSP_SCHEDULE_DELAY): the count is taken once two
+    # readings a batch period apart agree, or after 30 s.
+    deadline = time.monotonic() + 30.0
+    last = -1
+    while True:
+        spans = int(httpx.get(f"http://127.0.0.1:{port}/count", timeout=5).json()["spans"])
+        if (spans == last and spans > 0) or time.monotonic() > deadline:
+            return spans
+        last = spans
+        time.sleep(6.0)
 
 
 def run(
@@ -643,7 +648,7 @@ def run(
                     record["runs"].append(result)
                     print(_line(result), flush=True)
         if tracing:
-            # Every span the traced arm's batches carried by now (the exporters flush within seconds).
+            # Every span the traced arm exported, once its last batches are in.
             record["spans_exported"] = spans_exported(work, servers)
             print(f"traced arm: {record['spans_exported']} spans received by the OTLP sink", flush=True)
         if profile and "luftpause" in made and "dataplane" in {s.name for s in servers}:
