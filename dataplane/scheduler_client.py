@@ -211,15 +211,18 @@ class SchedulerClient:
             run_id=request.run_id,
         )
 
-    def _drop_reservation(self, reservation_id: str) -> None:
+    def _take_out(self, ids: set[str]) -> list[pb.Reservation]:
+        """Takes the reservations with these ids out of the pools; returns those it found."""
+        found: list[pb.Reservation] = []
         for replica, pool in list(self._reservations.items()):
-            kept = [r for r in pool if r.id != reservation_id]
+            kept = [r for r in pool if r.id not in ids]
             if len(kept) != len(pool):
+                found += [r for r in pool if r.id in ids]
                 if kept:
                     self._reservations[replica] = kept
                 else:
                     del self._reservations[replica]
-                return
+        return found
 
     def _give_back_room_for(self, request: pb.AdmitRequest) -> None:
         """A turn that asks gives back, ahead of its admission, this dataplane's reservations on
@@ -237,16 +240,8 @@ class SchedulerClient:
         for reservation in batch.reservations:
             self._reservations.setdefault(reservation.replica, []).append(reservation)
         if batch.revoked:
-            revoked = set(batch.revoked)
-            for replica, pool in list(self._reservations.items()):
-                kept = [r for r in pool if r.id not in revoked]
-                for r in pool:
-                    if r.id in revoked:
-                        self._send(pb.DataplaneItem(reservation_returned=r.id))
-                if kept:
-                    self._reservations[replica] = kept
-                else:
-                    del self._reservations[replica]
+            for reservation in self._take_out(set(batch.revoked)):
+                self._send(pb.DataplaneItem(reservation_returned=reservation.id))
 
     def _withdraw(self, request: pb.AdmitRequest) -> None:
         """The client left before the placement was read: the scheduler is told the turn is
@@ -260,7 +255,7 @@ class SchedulerClient:
     def _placed(self, placement: pb.Placement) -> None:
         if placement.reply.reservation_id:
             # The turn took the room of a reservation of ours: it is no longer ours to use.
-            self._drop_reservation(placement.reply.reservation_id)
+            self._take_out({placement.reply.reservation_id})
         # A placement for a turn withdrawn meanwhile is ignored: its abandon is on its way.
         waiting = self._pending.pop(placement.turn_id, None)
         if waiting is not None and not waiting[1].done():

@@ -518,13 +518,9 @@ def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> Non
         _PLACED, replica.name, tx.now, dataplane=t.dataplane,
     )  # fmt: skip
     tx.next_seq += 1
-    tx.turns = tx.turns.set(turn.turn_id, turn)
-    _open(tx, turn.run_id, 1)
-    tracked = _tracks_run(turn)
-    if tracked:
+    _add_turn(tx, turn)
+    if _tracks_run(turn):
         _run_came_back(tx, t)
-    _count_placed(tx, turn, 1)
-    if tracked:
         _set_run(tx, turn.run_id, tx.runs[turn.run_id].placed_on(replica.name, tx.now))
     _sent_there(tx, t.dataplane, replica.name)
 
@@ -532,6 +528,13 @@ def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> Non
 def _reservation_returned(tx: _Tx, e: ReservationReturned, actions: list[Action]) -> None:
     if e.reservation_id in tx.reservations:
         _end_turn(tx, e.reservation_id, e.at, False, touch=False)
+
+
+def _wants(tx: _Tx, dataplane: str, replica: str) -> bool:
+    """Whether `dataplane` (taking reservations) sent a turn to `replica` within RESERVE_WINDOW_S."""
+    sent = tx.reserving.get(dataplane)
+    at = sent.get(replica) if sent is not None else None
+    return at is not None and tx.now - at <= RESERVE_WINDOW_S
 
 
 def _sent_there(tx: _Tx, dataplane: str, replica: str) -> None:
@@ -1103,21 +1106,18 @@ def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
             turn = tx.turns.get(action.turn_id)
             if turn is not None and turn.kind is _GENERATIVE:
                 _sent_there(tx, turn.dataplane, action.replica)
-    # Per dataplane, the replicas it sent a turn to within the window: where it wants room.
-    wanting = [
-        (dataplane, {name for name, at in sent.items() if tx.now - at <= RESERVE_WINDOW_S})
-        for dataplane, sent in sorted(tx.reserving.items())
-    ]
-    fresh = {(dataplane, name) for dataplane, names in wanting for name in names}
-    if tx.held_groups and any(not r.revoked for r in tx.reservations.values()):
-        _take_own_reservations(tx, actions)
     held = bool(tx.held_groups)
+    if held and not tx.reservations:
+        return  # the usual case under load: nothing to revoke, nothing to grant
+    if held and any(not r.revoked for r in tx.reservations.values()):
+        _take_own_reservations(tx, actions)
+        held = bool(tx.held_groups)
     revoke: dict[str, list[str]] = {}
     for reservation in tx.reservations.values():
         if not reservation.revoked and (
             held
             or not tx.replicas[reservation.replica].healthy
-            or (reservation.dataplane, reservation.replica) not in fresh
+            or not _wants(tx, reservation.dataplane, reservation.replica)
         ):
             revoke.setdefault(reservation.dataplane, []).append(reservation.reservation_id)
     for dataplane in sorted(revoke):
@@ -1129,6 +1129,11 @@ def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
         actions.append(Revoked(dataplane, tuple(ids)))
     if held or not grant or not tx.reserving:
         return
+    # Per dataplane, the replicas where it wants room.
+    wanting = [
+        (dataplane, {name for name in sent if _wants(tx, dataplane, name)})
+        for dataplane, sent in sorted(tx.reserving.items())
+    ]
     have: dict[tuple[str, str], int] = {}
     for r in tx.reservations.values():
         have[(r.dataplane, r.replica)] = have.get((r.dataplane, r.replica), 0) + 1

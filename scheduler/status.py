@@ -42,6 +42,10 @@ def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
     }
 
 
+def _held_by_class(held: list[Turn], now: float) -> dict[str, dict[str, Any]]:
+    return {str(c): _held_summary([t for t in held if t.service_class is c], now) for c in ServiceClass}
+
+
 class HeldHistory:
     """The held turns of each class and the oldest one's wait, sampled every tick for the last
     `keep_s` seconds: what the page's chart draws, so that it shows the recent past as soon as it
@@ -49,21 +53,10 @@ class HeldHistory:
 
     def __init__(self, keep_s: float = 180.0) -> None:
         self.keep_s = keep_s
-        self._samples: deque[tuple[float, dict[str, tuple[int, float]]]] = deque()
+        self._samples: deque[tuple[float, dict[str, dict[str, Any]]]] = deque()
 
     def sample(self, state: State, now: float) -> None:
-        by_class: dict[str, list[Turn]] = {str(c): [] for c in ServiceClass}
-        for t in state.held():
-            by_class[str(t.service_class)].append(t)
-        self._samples.append(
-            (
-                now,
-                {
-                    c: (len(ts), max((now - t.arrived_at for t in ts), default=0.0))
-                    for c, ts in by_class.items()
-                },
-            )
-        )
+        self._samples.append((now, _held_by_class(state.held(), now)))
         while self._samples and self._samples[0][0] < now - self.keep_s:
             self._samples.popleft()
 
@@ -73,7 +66,8 @@ class HeldHistory:
             {
                 "ago_s": round(now - at, 3),
                 **{
-                    c: {"held": held, "oldest_wait_s": round(wait, 3)} for c, (held, wait) in by_class.items()
+                    c: {"held": held["count"], "oldest_wait_s": held["oldest_wait_s"] or 0.0}
+                    for c, held in by_class.items()
                 },
             }
             for at, by_class in self._samples
@@ -137,9 +131,7 @@ def status_document(state: State, now: float) -> dict[str, Any]:
         "replicas": replicas,
         "held": {
             **_held_summary(held, now),
-            "by_class": {
-                str(c): _held_summary([t for t in held if t.service_class is c], now) for c in ServiceClass
-            },
+            "by_class": _held_by_class(held, now),
             "by_caller": {caller: _held_summary(ts, now) for caller, ts in sorted(by_caller.items())},
         },
         "runs": {
