@@ -99,11 +99,10 @@ async def run(runtime: str, n: int, repeats: int) -> dict[str, Any]:
 # -- --start: its own stacks, and the router arm --
 
 STARTED_ARMS = ("sequential", "luftpause", "router")
-# Which stack each arm runs on (each its own, so that an arm's engines carry only that arm's own
-# earlier repeats in their prefix caches: the one-at-a-time arm, run on the fan-out's stack, left
-# every task cached on one engine, which drew that engine more of the fan-out's new runs; the
-# router's engines never had that), what front that stack has, and how the arm drives it.
-ARM_STACK = {"sequential": "sequential", "luftpause": "luftpause", "router": "router"}
+# Each arm runs on a stack of its own (so that an arm's engines carry only that arm's own earlier
+# repeats in their prefix caches: the one-at-a-time arm, run on the fan-out's stack, left every
+# task cached on one engine, which drew that engine more of the fan-out's new runs; the router's
+# engines never had that); what front each arm's stack has, and how the arm drives it.
 STACK_FRONT = {"sequential": "luftpause", "luftpause": "luftpause", "router": "sglang-cache-aware"}
 ARM_DRIVE = {"sequential": sequential, "luftpause": fan_out, "router": fan_out}
 ROUTER_TOLERANCE = 0.10
@@ -119,15 +118,15 @@ def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[st
     with ExitStack() as up:
         # Every stack stays up for the whole run; those not measured idle (health probes only).
         started = {}
-        for name, front in STACK_FRONT.items():
-            (logs / name).mkdir()
-            started[name] = up.enter_context(
-                stacks.stack(front, logs / name, kv_pool_tokens=EngineParams().kv_pool_tokens)
+        for arm, front in STACK_FRONT.items():
+            (logs / arm).mkdir()
+            started[arm] = up.enter_context(
+                stacks.stack(front, logs / arm, kv_pool_tokens=EngineParams().kv_pool_tokens)
             )
         for rep in range(repeats):
             order = list(STARTED_ARMS[rep % 3 :] + STARTED_ARMS[: rep % 3])
             for arm in order:
-                s = started[ARM_STACK[arm]]
+                s = started[arm]
                 window = stacks.CpuWindow(s)
 
                 async def measure(url: str, arm: str = arm) -> tuple[float, list[dict[str, Any]]]:

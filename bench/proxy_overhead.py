@@ -592,12 +592,9 @@ def _traced_arm(work: Path, engine_port: int, servers: list[Server]) -> Arm:
     )
 
 
-def spans_exported(work: Path, servers: list[Server]) -> int | None:
-    """What the sink of the traced arm has received, None without one."""
-    sink = next((s for s in servers if s.name == "otlp-sink"), None)
-    if sink is None:
-        return None
-    port = sink.argv[-1]
+def spans_exported(servers: list[Server]) -> int:
+    """What the sink of the traced arm has received."""
+    port = next(s for s in servers if s.name == "otlp-sink").argv[-1]
     # The exporters send a batch every 5 s (OTEL_BSP_SCHEDULE_DELAY): the count is taken once two
     # readings a batch period apart agree, or after 30 s.
     deadline = time.monotonic() + 30.0
@@ -649,7 +646,7 @@ def run(
                     print(_line(result), flush=True)
         if tracing:
             # Every span the traced arm exported, once its last batches are in.
-            record["spans_exported"] = spans_exported(work, servers)
+            record["spans_exported"] = spans_exported(servers)
             print(f"traced arm: {record['spans_exported']} spans received by the OTLP sink", flush=True)
         if profile and "luftpause" in made and "dataplane" in {s.name for s in servers}:
             dataplane = next(s for s in servers if s.name == "dataplane")

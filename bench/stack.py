@@ -203,29 +203,30 @@ def stack(
         procs.stop()
 
 
+def _counter_totals(url: str, names: tuple[str, ...]) -> list[float]:
+    """Per name, the sum of the engine's /metrics lines that start with it (over their labels)."""
+    totals = [0.0] * len(names)
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        for i, name in enumerate(names):
+            if line.startswith(name):
+                totals[i] += float(line.rsplit(" ", 1)[1])
+                break
+    return totals
+
+
 def prefix_cache_counters(engine_urls: list[str]) -> tuple[float, float]:
     """(prompt tokens queried, of them served from the prefix cache) summed over the engines,
     from their vLLM-flavoured /metrics counters."""
     queries = hits = 0.0
     for url in engine_urls:
-        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-            if line.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(line.rsplit(" ", 1)[1])
+        q, h = _counter_totals(url, ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"))
+        queries, hits = queries + q, hits + h
     return queries, hits
 
 
 def generation_tokens(engine_urls: list[str]) -> list[float]:
     """Each engine's generated tokens so far, from its SGLang-flavoured /metrics counter."""
-    counts = []
-    for url in engine_urls:
-        total = 0.0
-        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-            if line.startswith("sglang:generation_tokens_total"):
-                total += float(line.rsplit(" ", 1)[1])
-        counts.append(total)
-    return counts
+    return [_counter_totals(url, ("sglang:generation_tokens_total",))[0] for url in engine_urls]
 
 
 class CpuWindow:

@@ -14,18 +14,17 @@ bench/results/status-page-<UTC time>.png.
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import httpx
 
+from luftpause.bench.proxy_overhead import Server, free_port, wait_for
 from luftpause.bench.results import RESULTS_DIR
 from luftpause.bench.sim.flood_watch import screenshot
 from luftpause.proto import pb, rpc
@@ -34,15 +33,9 @@ MODEL = "fake-llama"
 CALLERS = ("team-search", "team-code", "nightly-evals")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _config(directory: Path, grpc_port: int, status_port: int) -> Path:
     replicas = "".join(
-        f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{_free_port()}"\nmodels = ["{MODEL}"]\n\n'
+        f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{free_port()}"\nmodels = ["{MODEL}"]\n\n'
         for name in ("gpu-a", "gpu-b")
     )
     path = directory / "luftpause.toml"
@@ -52,33 +45,21 @@ def _config(directory: Path, grpc_port: int, status_port: int) -> Path:
     return path
 
 
-def _wait(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"status_page: timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luftpause bench status_page", description=__doc__)
     parser.add_argument("--seconds", type=int, default=40, help="how long the queue builds up and drains")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
-    grpc_port, status_port = _free_port(), _free_port()
+    grpc_port, status_port = free_port(), free_port()
     status = f"http://127.0.0.1:{status_port}"
     with tempfile.TemporaryDirectory() as tmp:
         config = _config(Path(tmp), grpc_port, status_port)
-        log = (Path(tmp) / "scheduler.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "luftpause", "scheduler", "--config", str(config)], stdout=log, stderr=log
-        )
+        scheduler = Server(
+            "scheduler",
+            [sys.executable, "-m", "luftpause", "scheduler", "--config", str(config)],
+            Path(tmp) / "scheduler.log",
+        ).start()
         done = threading.Event()
         queue: list[pb.AdmitRequest] = []
         # Turns admitted, and those whose client has left (their second entry in the queue).
@@ -107,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                         yield pb.DataplaneBatch(items=[pb.DataplaneItem(admit=request)])
 
         try:
-            _wait(
+            wait_for(
                 "both replicas probed unhealthy",
                 lambda: all(
                     r["probed"] and not r["healthy"] for r in httpx.get(f"{status}/status").json()["replicas"]
                 ),
+                [scheduler],
+                timeout_s=30.0,
             )
             with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 call = rpc.SchedulerStub(channel).Turns(items(), timeout=120)
@@ -142,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                                 leaving.add(gone.turn_id)
                             ready.notify_all()
                         time.sleep(1.0)
-                    _wait(
+                    wait_for(
                         "the scheduler's samples to reach the drained queue",
                         lambda: (
                             httpx.get(f"{status}/status").json()["held"]["count"]
                             == len(queue) - 2 * len(leaving)
                         ),
+                        [scheduler],
+                        timeout_s=30.0,
                     )
                     args.out.mkdir(parents=True, exist_ok=True)
                     path = args.out / f"status-page-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.png"
@@ -158,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         ready.notify_all()
                     call.cancel()
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-            log.close()
+            scheduler.stop()
     if why_not is not None:
         print(f"status_page: no screenshot: {why_not}", file=sys.stderr)
         return 1
