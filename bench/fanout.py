@@ -156,7 +156,7 @@ def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[st
                 rows.append(row)
                 print(
                     f"  repeat {rep + 1}/{repeats}  {arm:<10} {seconds:7.2f} s  {_summary(runs)}  "
-                    f"busier engine {row['busier_engine_share']:.0%} of tokens  CPU {cpu['cpu_busy']:.0%}"
+                    f"busier engine {_share(row['busier_engine_share'])} of tokens  CPU {cpu['cpu_busy']:.0%}"
                     + ("" if row["counts"] else "  (does not count)"),
                     flush=True,
                 )
@@ -237,6 +237,11 @@ def started_table(record: dict[str, Any]) -> str:
     if verdicts:
         lines += ["", "; ".join(verdicts) + "."]
     return "\n".join(lines)
+
+
+def _share(share: float | None) -> str:
+    """A share of the tokens as a percentage; "-" when the engines generated none (every run failed)."""
+    return "-" if share is None else f"{share:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:

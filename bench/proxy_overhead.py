@@ -513,7 +513,7 @@ def stack(
             router_url = f"http://127.0.0.1:{router_port}"
             wait_for("the SGLang router to take its worker", lambda: _chat_ok(router_url), servers)
             made["router"] = Arm("router", router_url, [router], lambda i: {})
-        if any(a.startswith("luftpause") for a in arms):
+        if any(a.startswith("luftpause") and a != TRACED for a in arms):
             scheduler = Server(
                 "scheduler",
                 [py, "-m", "luftpause", "--log-level", "WARNING", "scheduler", "--config", str(config)],
