@@ -192,18 +192,18 @@ class Agent:
         """Runs one call (or refuses it) and returns the role "tool" message answering it; None
         when the run ended meanwhile (cancelled, or over a budget). `key` goes to the tool server
         as the call's idempotency key (`idempotency_key`)."""
+        tool = offered.get(call.name)
+        server = tool.server if tool else ""
         if run.counters["toolCalls"] >= run.spec.maxToolCalls:
             # Several calls in one reply can overrun the budget; the extra ones are not run.
             text = f"Error: not run: the tool-call budget of {run.spec.maxToolCalls} is spent; answer with what you have."
-            tool = offered.get(call.name)
-            self.metrics.tool_call(tool.server if tool else "", "not_run")
+            self.metrics.tool_call(server, "not_run")
             return {"role": "tool", "tool_call_id": call.id, "content": text}
         if not runs.check_budgets(run, calling_tool=True):
             return None
         run.counters["toolCalls"] += 1
         failed = True
         outcome = "refused"
-        tool = offered.get(call.name)
         if tool is None:
             text = f"Error: there is no tool named {call.name!r}; the tools are {', '.join(sorted(offered))}."
         else:
@@ -238,7 +238,7 @@ class Agent:
                         if result.is_error and not result.text.startswith("Error")
                         else result.text
                     )
-        self.metrics.tool_call(tool.server if tool else "", outcome)
+        self.metrics.tool_call(server, outcome)
         if failed:
             run.counters["failedToolCalls"] += 1
             log.info("run %s: tool call %s failed: %s", run.handle, call.name, text[:200])

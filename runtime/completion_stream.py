@@ -78,15 +78,19 @@ class _Choice:
             self.finish_reason = reason
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
-            self.logprobs = (self.logprobs or []) + logprobs["content"]
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(logprobs["content"])
 
     def _take_call(self, part: dict[str, Any]) -> None:
         index = part.get("index")
         if not isinstance(index, int):
             # No index: a fragment of the last call, unless it opens a call with an id of its own.
-            last = self.calls[max(self.calls)] if self.calls else None
-            starts = last is None or (part.get("id") and part.get("id") != last.id)
-            index = len(self.calls) if starts else max(self.calls)
+            last = max(self.calls, default=None)
+            if last is None or (part.get("id") and part.get("id") != self.calls[last].id):
+                index = len(self.calls)
+            else:
+                index = last
         call = self.calls.setdefault(index, _Call())
         if isinstance(part.get("id"), str) and part["id"] and not call.id:
             call.id = part["id"]

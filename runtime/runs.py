@@ -19,7 +19,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from luftpause import tracing
 from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
@@ -94,7 +93,7 @@ class Runs:
                     "nothing more can be spawned under it"
                 )
         handle = new_handle()
-        traceparent = spans.parent_of_new_run(parent) if tracing.TRACER is not None else None
+        traceparent = spans.parent_of_new_run(parent)
         self.journal.spawned(handle, spec.model_dump(), caller, owner, traceparent)
         run = Run(
             handle=handle,
@@ -160,8 +159,7 @@ class Runs:
     def start(self, run: Run) -> None:
         """Starts the run's loop as a task of its own; a run that has ended lets go of it once it
         has stopped (a loop stopped by shutdown stays, its run unfinished)."""
-        if tracing.TRACER is not None:
-            spans.start_run(tracing.TRACER, run)
+        spans.start_run(run)
         task = asyncio.create_task(self._drive(run), name=f"run:{run.handle}")
         run.task = task
 

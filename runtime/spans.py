@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
+from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from luftpause import tracing
 from luftpause.lifecycle import TRACEPARENT_HEADER
@@ -29,14 +29,18 @@ from luftpause.runtime.run import Run
 
 def parent_of_new_run(parent: Run | None) -> str | None:
     """The context a run being spawned is traced under: its parent run's span, else the span of
-    the request spawning it; None when neither has one."""
+    the request spawning it; None when neither has one (or tracing is off)."""
+    if tracing.TRACER is None:
+        return None
     if parent is not None and parent.span is not None:
         return tracing.traceparent_of(parent.span) or None
     return tracing.current_traceparent() or None
 
 
-def start_run(tracer: Tracer, run: Run) -> None:
+def start_run(run: Run) -> None:
     """Starts the run's `invoke_agent` span (its loop is about to run)."""
+    if tracing.TRACER is None:
+        return
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.id": run.handle,
@@ -45,7 +49,7 @@ def start_run(tracer: Tracer, run: Run) -> None:
     }
     if run.spec.parent is not None:
         attributes["luftpause.run.parent"] = run.spec.parent
-    run.span = tracer.start_span(
+    run.span = tracing.TRACER.start_span(
         "invoke_agent", context=tracing.parent(run.traceparent), kind=SpanKind.INTERNAL, attributes=attributes
     )
 
@@ -65,9 +69,9 @@ def end_run(run: Run) -> None:
     span, run.span = run.span, None
     if span is None:
         return
-    span.set_attribute("luftpause.run.status", run.status)
     span.set_attributes(
         {
+            "luftpause.run.status": run.status,
             "gen_ai.usage.input_tokens": int(run.counters["promptTokens"]),
             "gen_ai.usage.output_tokens": int(run.counters["completionTokens"]),
         }

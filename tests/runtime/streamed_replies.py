@@ -37,6 +37,18 @@ def chunks(completion: dict[str, Any], pieces: int = 3) -> list[dict[str, Any]]:
     return out
 
 
+def calls_message(*calls: tuple[str, str, str]) -> dict[str, Any]:
+    """An assistant message that only makes tool calls, each given as (id, name, arguments)."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in calls
+        ],
+    }
+
+
 def sse(events: list[Any], done: bool = True) -> bytes:
     lines = [f"data: {json.dumps(e)}\n\n" for e in events] + (["data: [DONE]\n\n"] if done else [])
     return "".join(lines).encode()

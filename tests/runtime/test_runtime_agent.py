@@ -10,7 +10,7 @@ import json
 
 import httpx
 import pytest
-from streamed_replies import chunks, sse_response
+from streamed_replies import calls_message, chunks, sse_response
 
 from luftpause.runtime import llm
 from luftpause.runtime.agent import Agent
@@ -51,14 +51,7 @@ class Tools:
 
 
 def tool_call_reply(name: str, arguments: str, call_id: str = "call_1") -> httpx.Response:
-    message = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-        ],
-    }
-    return completion(message)
+    return completion(calls_message((call_id, name, arguments)))
 
 
 def text_reply(text: str) -> httpx.Response:
@@ -261,22 +254,7 @@ async def test_a_transient_failure_that_outlasts_its_window_fails_the_turn(tmp_p
 
 async def test_each_tool_call_carries_an_idempotency_key_of_run_round_and_place(tmp_path):
     two_calls = completion(
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "lookup", "arguments": '{"query": "a"}'},
-                },
-                {
-                    "id": "c2",
-                    "type": "function",
-                    "function": {"name": "lookup", "arguments": '{"query": "b"}'},
-                },
-            ],
-        }
+        calls_message(("c1", "lookup", '{"query": "a"}'), ("c2", "lookup", '{"query": "b"}'))
     )
     tools = Tools()
     engine = Engine(two_calls, tool_call_reply("lookup", '{"query": "c"}', "c3"), text_reply("done"))

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from streamed_replies import chunks, sse, sse_response
+from streamed_replies import calls_message, chunks, sse, sse_response
 
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.server import create_app
@@ -24,22 +24,10 @@ TWO_CALLS = {
     "choices": [
         {
             "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_a",
-                        "type": "function",
-                        "function": {"name": "lookup", "arguments": '{"query": "the Rhine, its mouth"}'},
-                    },
-                    {
-                        "id": "call_b",
-                        "type": "function",
-                        "function": {"name": "deep_search", "arguments": '{"topic": "rivers of Europe"}'},
-                    },
-                ],
-            },
+            "message": calls_message(
+                ("call_a", "lookup", '{"query": "the Rhine, its mouth"}'),
+                ("call_b", "deep_search", '{"topic": "rivers of Europe"}'),
+            ),
             "logprobs": None,
             "finish_reason": "tool_calls",
         }
