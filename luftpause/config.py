@@ -76,6 +76,11 @@ class Replica(_Strict):
     # priority, or SGLang with --schedule-low-priority-values-first: lower first). With "none"
     # the body goes as the client sent it; dataplane/priority.py has the numbers and why.
     engine_priority: Literal["none", "sglang", "vllm"] = "none"
+    # Tokens of KV memory this engine has, overriding what its probes read (SGLang's
+    # /get_server_info, vLLM's cache_config_info, llama.cpp's /slots). The scheduler places a new
+    # run only where the runs it holds plus the new one fit (scheduler/gate.py); unset and not
+    # readable from the engine, that gate is off for this replica.
+    kv_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -31,7 +31,7 @@ GENERATING: RunPhase
 PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "service_class", "caller", "model", "kind", "traceparent", "echoed_tool_call_ids")
+    __slots__ = ("turn_id", "run_id", "service_class", "caller", "model", "kind", "traceparent", "echoed_tool_call_ids", "request_bytes", "max_tokens")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,8 @@ class AdmitRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     ECHOED_TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     service_class: ServiceClass
@@ -48,7 +50,9 @@ class AdmitRequest(_message.Message):
     kind: ReplicaKind
     traceparent: str
     echoed_tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ..., echoed_tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    request_bytes: int
+    max_tokens: int
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ..., echoed_tool_call_ids: _Optional[_Iterable[str]] = ..., request_bytes: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("outcome", "replica", "url", "message", "held_ms", "run_id", "reservation_id")

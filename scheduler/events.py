@@ -27,6 +27,9 @@ class ReplicaSpec:
     reports_load: bool = True
     load_from: tuple[str, ...] = ()
     lookahead: int = _config.LOOKAHEAD
+    # Tokens of KV memory its engine has, as configured (`kv_tokens`); None: as its probes read it,
+    # or unknown (the run gate is then off for it: see `gate.py`).
+    kv_tokens: int | None = None
 
     @classmethod
     def from_config(cls, replica: _config.Replica) -> ReplicaSpec:
@@ -38,6 +41,7 @@ class ReplicaSpec:
             reports_load=replica.metrics != "none",
             load_from=tuple(replica.load_from),
             lookahead=replica.lookahead,
+            kv_tokens=replica.kv_tokens,
         )
 
 
@@ -67,6 +71,10 @@ class ReplicaProbed:
     waiting: int | None
     at: float
     sent_at: float | None = None
+    # Tokens of KV memory the engine says it has (SGLang's max_total_num_tokens, vLLM's blocks
+    # times block size, llama.cpp's slots times their context); None: not read by this probe,
+    # and the last reading stands.
+    kv_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,10 @@ class TurnArrived:
     at: float
     # Which dataplane admitted it, when several share the scheduler ("" for a single one).
     dataplane: str = ""
+    # The request body's size in bytes (0: unknown) and its `max_tokens` (None: not set): what
+    # the run gate estimates the turn's working set from before its usage is known (`gate.py`).
+    request_bytes: int = 0
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

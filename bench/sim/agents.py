@@ -11,6 +11,7 @@ a run through the HTTP fake engine say and cost the same.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from luftpause.bench.sim.arms import Arm
@@ -118,6 +119,7 @@ class Agent:
             on_done=self._turn_done,
             arrived_at=self.clock.now,
             streamed=self.spec.streamed,
+            request_bytes=len(json.dumps({"messages": self._messages, "tools": TOOLS, "max_tokens": MAX_TOKENS})),
         )
         self.arm.send(turn)
 

@@ -27,3 +27,6 @@ class SimTurn:
     streamed: bool = True
     """A turn read whole tells the scheduler of its first token only as it ends."""
     tool_call_ids: tuple[str, ...] = field(default=())
+    request_bytes: int = 0
+    """The size of the request's JSON body, as a dataplane would see it (what the run gate
+    estimates a run's first working set from)."""
