@@ -76,7 +76,7 @@ from typing import Any
 from immutables import Map
 
 from luftpause import lifecycle
-from luftpause.scheduler import admission
+from luftpause.scheduler import admission, gate
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
     DataplaneLeft,
@@ -145,6 +145,8 @@ def decide(state: State, event: Event) -> Decision:
     handler(tx, event, actions)
     if tx.kept_order and tx.kept_order.first()[0] <= tx.now:
         _end_kept(tx)
+    if tx.hold_order and tx.hold_order.first()[0] <= tx.now:
+        _end_holds(tx)
     # After every decision no held turn has anywhere to go (the drain saw to it). So the drain
     # need look only when that may have changed: a replica gained room (a turn confirmed, a paused
     # run's kept room given up, a probe, a new pool) or a held turn has somewhere new to try (it
@@ -211,6 +213,11 @@ class _Tx:
     unconfirmed_interactive: Map[str, int]
     reserving: Map[str, Map[str, float]]
     reservations: Map[str, Reservation]
+    held_kv: Map[str, int]
+    held_runs: Map[str, int]
+    hold_order: SortedSet
+    pause_samples: Map[str, tuple[float, ...]]
+    tokens_per_byte: Map[str, float]
 
     __slots__ = (*State._fields, "may_place", "entered")
     # Set by whatever may let a held turn be placed; see `decide`.
@@ -260,6 +267,8 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
             reports_load=spec.reports_load or bool(spec.load_from),
             load_from=spec.load_from,
             lookahead=spec.lookahead,
+            kv_tokens=spec.kv_tokens,
+            kv_configured=spec.kv_tokens is not None,
         )
         old = tx.replicas.get(spec.name)
         if old is not None:
@@ -272,6 +281,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
                 waiting=old.waiting,
                 others_waiting=old.others_waiting,
                 read_at=old.read_at,
+                kv_tokens=fresh.kv_tokens if fresh.kv_configured else old.kv_tokens,
             )
         replicas[spec.name] = fresh
         for model in spec.models:
@@ -321,6 +331,8 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
             running=e.running if e.running is not None else replica.running,
             waiting=e.waiting if e.waiting is not None else replica.waiting,
         )
+    if e.kv_tokens is not None and e.kv_tokens > 0 and not replica.kv_configured:
+        replica = dataclasses.replace(replica, kv_tokens=e.kv_tokens)
     tx.replicas = tx.replicas.set(e.name, replica)
     sent_at = e.sent_at if e.sent_at is not None else e.at
     if replica.load_from:
@@ -356,6 +368,8 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
         e.at,
         tx.next_seq,
         dataplane=e.dataplane,
+        request_bytes=e.request_bytes,
+        max_tokens=e.max_tokens,
     )
     tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, turn)
@@ -369,15 +383,33 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
 def _run_came_back(tx: _Tx, e: TurnArrived) -> None:
     """A turn of the run arrived: the run is created, or carries the turn's class and caller."""
     run = tx.runs.get(e.run_id)
+    # Until its usage is reported, what the request's size says it needs; a known run keeps the
+    # larger of that and what it reported last.
+    estimate = gate.estimated_working_set(e.request_bytes, e.max_tokens, tx.tokens_per_byte.get(e.model))
     # The class and caller are per turn; the run carries the latest.
     if run is None:
-        run = Run(e.run_id, e.service_class, e.caller, _IDLE, None, e.at, dataplane=e.dataplane)
+        run = Run(
+            e.run_id,
+            e.service_class,
+            e.caller,
+            _IDLE,
+            None,
+            e.at,
+            dataplane=e.dataplane,
+            working_set=estimate,
+        )
     else:
         if run.phase is _PAUSED:
-            # Back from a tool: how long its caller's tools take is what a kept slot lasts.
-            estimate = admission.learn_pause(tx.pause_estimate.get(e.caller), e.at - run.last_activity)
-            tx.pause_estimate = tx.pause_estimate.set(e.caller, estimate)
-        run = run.came_back(e.service_class, e.caller, e.at, e.dataplane)
+            # Back from a tool: how long its caller's tools take is what a kept slot lasts, and
+            # what a paused run's place is kept for.
+            pause = e.at - run.last_activity
+            tx.pause_estimate = tx.pause_estimate.set(
+                e.caller, admission.learn_pause(tx.pause_estimate.get(e.caller), pause)
+            )
+            tx.pause_samples = tx.pause_samples.set(
+                e.caller, gate.learn_pause(tx.pause_samples.get(e.caller, ()), pause)
+            )
+        run = run.came_back(e.service_class, e.caller, e.at, e.dataplane, max(run.working_set, estimate))
     _set_run(tx, e.run_id, run)
 
 
@@ -400,6 +432,21 @@ def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
 
 
 def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
+    turn = tx.turns.get(e.turn_id)
+    if turn is not None and e.prompt_tokens > 0:
+        # Its usage is what its run needs from now on, and teaches the model's tokens per byte.
+        learnt = gate.learn_tokens_per_byte(
+            tx.tokens_per_byte.get(turn.model), e.prompt_tokens, turn.request_bytes
+        )
+        if learnt is not None:
+            tx.tokens_per_byte = tx.tokens_per_byte.set(turn.model, learnt)
+        run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
+        if run is not None:
+            _set_run(
+                tx,
+                run.run_id,
+                run.sized(gate.measured_working_set(e.prompt_tokens, e.completion_tokens, turn.max_tokens)),
+            )
     _end_turn(tx, e.turn_id, e.at, e.paused_on_tool, freed_engine_room=True)
 
 
@@ -414,6 +461,15 @@ def _end_kept(tx: _Tx) -> None:
         if until > tx.now:
             return
         _set_run(tx, run_id, tx.runs[run_id]._replace(kept_until=None))
+
+
+def _end_holds(tx: _Tx) -> None:
+    """Paused runs whose keep time ran out let go of their place: their room is the gate's again."""
+    while tx.hold_order:
+        until, run_id = tx.hold_order.first()
+        if until > tx.now:
+            return
+        _set_run(tx, run_id, tx.runs[run_id].let_go())
 
 
 def _run_ended(tx: _Tx, e: RunEnded, actions: list[Action]) -> None:
@@ -468,6 +524,7 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
                 if r.phase is _PAUSED
                 else None,
                 e.dataplane,
+                hold_until=_hold_until(tx, r.replica or None, r.caller, e.at) if r.phase is _PAUSED else None,
             )
     # Held turns are ours alone (their dataplanes wait on them here); placed ones are their dataplane's word.
     turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane}
@@ -515,7 +572,8 @@ def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> Non
         return  # already known (a duplicate report), or a replica no longer in the pool
     turn = Turn(
         t.turn_id, t.run_id, t.service_class, t.caller, t.model, t.kind, e.at, tx.next_seq,
-        _PLACED, replica.name, tx.now, dataplane=t.dataplane,
+        _PLACED, replica.name, tx.now, dataplane=t.dataplane, request_bytes=t.request_bytes,
+        max_tokens=t.max_tokens,
     )  # fmt: skip
     tx.next_seq += 1
     _add_turn(tx, turn)
@@ -617,6 +675,8 @@ def _group(tx: _Tx, turn: Turn) -> Group:
 
 
 def _bump(counts: Map[str, int], key: str, delta: int) -> Map[str, int]:
+    if not delta:
+        return counts
     n = counts.get(key, 0) + delta
     return counts.set(key, n) if n else counts.delete(key)
 
@@ -644,8 +704,29 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
             tx.quiet_order = tx.quiet_order.remove((old.last_activity, run_id))
         if new is not None:
             tx.quiet_order = tx.quiet_order.add((new.last_activity, run_id))
+    old_hold = old.hold_until if old is not None else None
+    new_hold = new.hold_until if new is not None else None
+    if old_hold != new_hold:
+        if old_hold is not None:
+            tx.hold_order = tx.hold_order.remove((old_hold, run_id))
+        if new_hold is not None:
+            tx.hold_order = tx.hold_order.add((new_hold, run_id))
     tx.runs = tx.runs.set(run_id, new) if new is not None else tx.runs.delete(run_id)
     old_pin, new_pin = _pin(old), _pin(new)
+    old_size = old.working_set if old is not None and old_pin is not None else 0
+    new_size = new.working_set if new is not None and new_pin is not None else 0
+    if old_pin != new_pin or old_size != new_size:
+        # What the replicas hold for the gate: a run counts where it is pinned, by its size.
+        if old_pin is not None:
+            tx.held_kv = _bump(tx.held_kv, old_pin, -old_size)
+            if old_pin != new_pin:
+                tx.held_runs = _bump(tx.held_runs, old_pin, -1)
+            if old_pin != new_pin or new_size < old_size:
+                tx.may_place = True
+        if new_pin is not None:
+            tx.held_kv = _bump(tx.held_kv, new_pin, new_size)
+            if old_pin != new_pin:
+                tx.held_runs = _bump(tx.held_runs, new_pin, 1)
     if old_pin != new_pin:
         # Each lane of the run moves whole, by its first turn: O(log n) per lane, not per turn.
         for lane in tx.run_lanes.get(run_id, ()):
@@ -697,6 +778,8 @@ def _end_turn(
     tracked = _tracks_run(turn)
     if turn.status is _HELD:
         _unhold(tx, turn, _group(tx, turn))
+        # The turn behind it in its group may fit where it did not (see `_choose`).
+        tx.may_place = True
     else:
         _count_placed(tx, turn, -1)
         if freed_engine_room or turn.confirmed:
@@ -706,17 +789,24 @@ def _end_turn(
     run = tx.runs.get(turn.run_id) if tracked else None
     if run is not None:
         phase = lifecycle.phase_after_turn(paused_on_tool, others_running=turn.run_id in tx.run_placed)
-        kept_until = (
-            at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if phase is _PAUSED else None
-        )
-        _set_run(
-            tx,
-            run.run_id,
-            run.turn_ended(phase, at if touch else run.last_activity, kept_until),
-        )
+        paused = phase is _PAUSED
+        kept_until = at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if paused else None
+        hold_until = _hold_until(tx, run.replica, run.caller, at) if paused else None
+        ended = run.turn_ended(phase, at if touch else run.last_activity, kept_until, hold_until)
+        # A caller whose tools take longer than a place is kept for lets go at once.
+        _set_run(tx, run.run_id, ended.let_go() if hold_until is not None and hold_until <= at else ended)
     # Uncounted after the run is updated, so a run going quiet enters the quiet index once.
     _open(tx, turn.run_id, -1)
     return turn
+
+
+def _hold_until(tx: _Tx, replica: str | None, caller: str, at: float) -> float | None:
+    """Until when a run of `caller` paused at `at` keeps its place on `replica`; None where the
+    replica's pool is unknown (no gate there: it keeps its place, as without one)."""
+    known = tx.replicas.get(replica) if replica is not None else None
+    if known is None or known.kv_tokens is None:
+        return None
+    return at + gate.hold_for(tx.pause_samples.get(caller, ()))
 
 
 def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
@@ -921,6 +1011,9 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
     tx.unconfirmed = Map()
     tx.unconfirmed_interactive = Map()
     tx.kept_order = EMPTY
+    tx.held_kv = Map()
+    tx.held_runs = Map()
+    tx.hold_order = EMPTY
     for run in runs:
         _set_run(tx, run.run_id, run)
     for turn in turns:
@@ -967,14 +1060,31 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     names = tx.serving.get((kind, model), ())
     if pin is not None and pin in names and tx.replicas[pin].healthy:
         return tx.replicas[pin] if pin in room else None
+    # A run not held anywhere goes only where it fits beside the runs held there (gate.py).
+    size = _head_working_set(tx, group)
     best: str | None = None
     best_load = 0
     for name in names:
         if name in room:
+            if size is not None and not gate.fits(
+                tx.replicas[name], tx.held_kv.get(name, 0), tx.held_runs.get(name, 0), size
+            ):
+                continue
             load = tx.in_flight_by_replica.get(name, 0)
             if best is None or load < best_load:
                 best, best_load = name, load
     return tx.replicas[best] if best is not None else None
+
+
+def _head_working_set(tx: _Tx, group: Group) -> int | None:
+    """The working set of the run of the turn `group` would place next, None when that turn
+    belongs to no run (the gate admits runs; a turn outside one passes)."""
+    callers = tx.held_groups.get(group)
+    if callers is None:
+        return None
+    lane = tx.held_queues[(group, callers.first()[2])].first()[1]
+    run = tx.runs.get(lane.run_id) if lane.kind is _GENERATIVE and lane.run_id else None
+    return run.working_set if run is not None else None
 
 
 def _entered_may_place(tx: _Tx, room_interactive: list[str], room_batch: list[str]) -> bool:
@@ -1054,7 +1164,10 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
 
 def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
     _unhold(tx, turn, group)
-    placed = turn.placed_on(replica.name, tx.now)
+    # Renumbered in the order turns go out, which is the engine's queue order even among turns
+    # placed in one decision, where fairness may send a later arrival first.
+    placed = turn.placed_on(replica.name, tx.now, tx.next_seq)
+    tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, placed)
     _count_placed(tx, placed, 1)
     run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None

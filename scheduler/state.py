@@ -74,6 +74,11 @@ class Replica:
     # lookahead until one of ours sent after the reading starts (the queue ahead of it is gone).
     others_waiting: int = 0
     read_at: float | None = None
+    # Tokens of KV memory its engine has (see gate.py): the config's `kv_tokens` when set
+    # (`kv_configured`: probes do not change it), else as the engine last said; None: unknown,
+    # and the run gate is off for this replica.
+    kv_tokens: int | None = None
+    kv_configured: bool = False
 
 
 class Run(NamedTuple):
@@ -91,34 +96,56 @@ class Run(NamedTuple):
     # The dataplane its latest turn came through ("" for a single unnamed one): a resync from
     # that dataplane speaks for the run (see core._resynced).
     dataplane: str = ""
+    # The KV tokens it needs to stay warm on its replica (see gate.py): its last reported prompt
+    # and reply plus the next reply's reservation; for a run not yet reported, an estimate.
+    working_set: int = 0
+    # For a run paused on a tool with no turn back yet, on a replica whose pool is known: when it
+    # lets go of its place there (`gate.hold_for`); None otherwise. Let go, it keeps no replica.
+    hold_until: float | None = None
 
     # The run's transitions, as new records. Each is written out field by field here, once:
     # `_replace` would say the same in a third of the lines at twice the cost a decision, and
     # these run for every turn.
 
-    def came_back(self, service_class: ServiceClass, caller: str, at: float, dataplane: str) -> Run:
-        """A turn of the run arrived: the class and caller are per turn, the run carries the latest."""
+    def came_back(
+        self, service_class: ServiceClass, caller: str, at: float, dataplane: str, working_set: int
+    ) -> Run:
+        """A turn of the run arrived: the class and caller are per turn, the run carries the latest.
+        It is back, so its place no longer runs out."""
         return Run(
-            self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane
-        )
+            self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane,
+            working_set, None,
+        )  # fmt: skip
 
     def placed_on(self, replica: str, at: float) -> Run:
         """One of its turns was placed on `replica`: generating there, no room kept for it."""
         return Run(
-            self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane
-        )
+            self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane,
+            self.working_set, None,
+        )  # fmt: skip
 
-    def turn_ended(self, phase: Phase, last_activity: float, kept_until: float | None) -> Run:
+    def turn_ended(
+        self, phase: Phase, last_activity: float, kept_until: float | None, hold_until: float | None
+    ) -> Run:
         return Run(
-            self.run_id,
-            self.service_class,
-            self.caller,
-            phase,
-            self.replica,
-            last_activity,
-            kept_until,
-            self.dataplane,
-        )
+            self.run_id, self.service_class, self.caller, phase, self.replica, last_activity, kept_until,
+            self.dataplane, self.working_set, hold_until,
+        )  # fmt: skip
+
+    def let_go(self) -> Run:
+        """Its keep time ran out while paused: no replica holds it, and its next turn is placed as a
+        new run's would be."""
+        return Run(
+            self.run_id, self.service_class, self.caller, self.phase, None, self.last_activity, None,
+            self.dataplane, self.working_set, None,
+        )  # fmt: skip
+
+    def sized(self, working_set: int) -> Run:
+        """Its working set as its latest usage (or estimate) says."""
+        return Run(
+            self.run_id, self.service_class, self.caller, self.phase, self.replica, self.last_activity,
+            self.kept_until, self.dataplane, working_set, self.hold_until,
+        )  # fmt: skip
 
 
 class Turn(NamedTuple):
@@ -145,13 +172,19 @@ class Turn(NamedTuple):
     confirmed: bool = False
     # The dataplane that admitted it: only that dataplane's resync replaces it once placed.
     dataplane: str = ""
+    # Its request body's size and max_tokens, as admitted (see gate.py's estimates).
+    request_bytes: int = 0
+    max_tokens: int | None = None
 
     # Its transitions, as new records, written out field by field once (see `Run`'s).
 
-    def placed_on(self, replica: str, at: float) -> Turn:
+    def placed_on(self, replica: str, at: float, seq: int) -> Turn:
+        """Sent to `replica` at `at`; `seq` is now its place in the order turns went out (the
+        order of the engine's queue), no longer its arrival."""
         return Turn(
             self.turn_id, self.run_id, self.service_class, self.caller, self.model, self.kind, self.arrived_at,
-            self.seq, TurnStatus.PLACED, replica, at, self.streamed, self.confirmed, self.dataplane,
+            seq, TurnStatus.PLACED, replica, at, self.streamed, self.confirmed, self.dataplane,
+            self.request_bytes, self.max_tokens,
         )  # fmt: skip
 
     def sent(self, streamed: bool) -> Turn:
@@ -159,6 +192,7 @@ class Turn(NamedTuple):
         return Turn(
             self.turn_id, self.run_id, self.service_class, self.caller, self.model, self.kind, self.arrived_at,
             self.seq, self.status, self.replica, self.placed_at, streamed, self.confirmed, self.dataplane,
+            self.request_bytes, self.max_tokens,
         )  # fmt: skip
 
     def started(self) -> Turn:
@@ -166,6 +200,7 @@ class Turn(NamedTuple):
         return Turn(
             self.turn_id, self.run_id, self.service_class, self.caller, self.model, self.kind, self.arrived_at,
             self.seq, self.status, self.replica, self.placed_at, self.streamed, True, self.dataplane,
+            self.request_bytes, self.max_tokens,
         )  # fmt: skip
 
 
@@ -216,7 +251,8 @@ _NO_MAP: Map[Any, Any] = Map()
 class State(NamedTuple):
     """The scheduler's whole state. Build it with `State()` and feed it `PoolConfigured` first.
 
-    The first six fields and the last two (reservations) are the facts; the rest are indexes over them that `decide` keeps
+    The first six fields and the two of reservations are the facts, and the learnt estimates
+    (`pause_estimate`, `pause_samples`, `tokens_per_byte`); the rest are indexes over them that `decide` keeps
     current so that no decision scans every turn or run. They are derived data: two states with
     equal facts reached by the same events have equal indexes too.
     """
@@ -272,6 +308,15 @@ class State(NamedTuple):
     # went to and when last (where it may get them); and those granted, by id.
     reserving: Map[str, Map[str, float]] = _NO_MAP
     reservations: Map[str, Reservation] = _NO_MAP
+    # The run gate (see gate.py): per replica, the working sets of the runs it holds (pinned
+    # there: generating, or paused within their keep time) and how many; paused runs' keep times
+    # as (hold_until, run id), soonest first; per caller its recent pauses on tools; per model the
+    # tokens its requests carry per byte.
+    held_kv: Map[str, int] = _NO_MAP
+    held_runs: Map[str, int] = _NO_MAP
+    hold_order: SortedSet = EMPTY
+    pause_samples: Map[str, tuple[float, ...]] = _NO_MAP
+    tokens_per_byte: Map[str, float] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]

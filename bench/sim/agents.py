@@ -119,7 +119,9 @@ class Agent:
             on_done=self._turn_done,
             arrived_at=self.clock.now,
             streamed=self.spec.streamed,
-            request_bytes=len(json.dumps({"messages": self._messages, "tools": TOOLS, "max_tokens": MAX_TOKENS})),
+            request_bytes=len(
+                json.dumps({"messages": self._messages, "tools": TOOLS, "max_tokens": MAX_TOKENS})
+            ),
         )
         self.arm.send(turn)
 

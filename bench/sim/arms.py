@@ -192,6 +192,9 @@ class Luftpause(Arm):
     # --enable-priority-scheduling, so luftpause's replicas say so; an engine without load
     # metrics (Ollama, a hosted API) is taken to have no priorities either.
     engine_priority: Convention = "sglang"
+    # Whether its probes read the engine's KV pool (SGLang's /get_server_info does): the run gate
+    # is on only where they do.
+    reads_kv = True
 
     def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
         super().__init__(replicas, clock)
@@ -228,6 +231,8 @@ class Luftpause(Arm):
                 model=DEFAULT_MODEL,
                 kind=Kind.GENERATIVE,
                 at=self.clock.now,
+                request_bytes=turn.request_bytes,
+                max_tokens=turn.request.max_tokens,
             )
         )
 
@@ -242,7 +247,11 @@ class Luftpause(Arm):
                 self._feed(ReplicaProbed(name, True, None, None, at=self.clock.now))
                 continue
             load = self.replicas[name].load()
-            self._feed(ReplicaProbed(name, True, load.running, load.waiting, at=self.clock.now))
+            # The pool's size, as the prober reads it from SGLang's /get_server_info.
+            kv_tokens = self.replicas[name].engine.params.kv_pool_tokens if self.reads_kv else None
+            self._feed(
+                ReplicaProbed(name, True, load.running, load.waiting, at=self.clock.now, kv_tokens=kv_tokens)
+            )
 
     def _feed(self, event: Event) -> None:
         self.events += 1

@@ -283,11 +283,6 @@ def test_a_turn_whose_reply_does_not_stream_is_confirmed_when_one_of_ours_finish
     assert pool.unconfirmed("a") == ["t3", "t4"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known core limitation: turns placed in one decision are ordered by arrival among the "
-    "unconfirmed, not in the order the drain sent them (fairness can send a later arrival first)",
-)
 def test_the_turn_a_finish_confirms_is_the_first_sent_among_those_placed_at_once():
     pool = Pool(spec("a", lookahead=2))
     pool.arrive("f1", caller="x")

@@ -140,8 +140,8 @@ def unconfirmed(state: State, name: str, service_class: ServiceClass | None = No
 
 
 def sent_order(turn: Turn) -> tuple[float, int]:
-    """The order our turns reached a replica: by when they were placed (within one decision, by
-    arrival, the order the drain considers them in)."""
+    """The order our turns reached a replica: by when they were placed, and within one decision
+    in the order the drain sent them (a placed turn's seq is its place in that order)."""
     assert turn.placed_at is not None
     return (turn.placed_at, turn.seq)
 
@@ -709,12 +709,21 @@ class SchedulerMachine(RuleBasedStateMachine):
             for t in self.state.held()
             if pinned_to(self.state, t) is None and not (_tracks(t) and t.run_id in placed_runs)
         ]
+        assert self.last is not None
+        before = self.last[0]
+
+        def arrival(turn: Turn) -> int:
+            # A placed turn is renumbered in the order turns went out; its arrival is the seq it
+            # was held with, or, arrived in this decision, the next one then.
+            held = before.turns.get(turn.turn_id)
+            return held.seq if held is not None else before.next_seq
+
         for i, p in enumerate(places):
             placed = self.state.turns[p.turn_id]
             later = Counter(self.state.turns[q.turn_id].caller for q in places[i:])
 
             def key(turn: Turn, later: Counter[str] = later) -> tuple[int, int]:
-                return (counts[turn.caller] - later[turn.caller], turn.seq)
+                return (counts[turn.caller] - later[turn.caller], arrival(turn))
 
             for h in still_held:
                 # h could have gone where p went, at that moment: same kind and model, not pinned,

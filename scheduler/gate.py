@@ -1,0 +1,128 @@
+"""The run gate: a new run is placed only where the runs already held there, and it, fit the KV.
+
+Theory of operation
+-------------------
+
+An engine keeps a paused run's prefix in its KV cache only while nothing else needs the room.
+Under a flood every replica is asked to run more requests than its pool holds, so during each
+run's tool call a few admissions of other runs evict its prefix, and it comes back to a cold
+cache: every turn re-prefills its whole context, in every routing policy alike. What a turn
+costs the engine is then the same whoever sends it, and class-aware routing can only move
+throughput from batch to interactive, never add any. (Measured in the simulator's flood: a
+continuation turn found 0 % of its own run's prefix cached in every arm that routes turns.)
+
+So the scheduler admits *runs*, not only turns. A replica *holds* the runs placed there that are
+generating, or paused on a tool for no longer than their keep time (`hold_for`); their working
+sets (`working_set`: the prompt as last reported, what the reply wrote, and the next reply's
+reservation) add up to what the engine needs to keep all of them warm. A turn of a held run goes
+as before, within the lookahead: it is never made to wait for room. A new run, or one whose keep
+time ran out (it comes back as a new run, and may re-prefill), is placed only on a replica where
+the held working sets plus its own fit the pool less a headroom (`fits`); otherwise it waits, in
+the drain's order (interactive first, then the caller with fewest turns in flight, then
+arrival), until a run ends, lets go of its place, or shrinks. A replica that holds no run takes
+any run (the engine decides what fits), so the gate never leaves an engine idle beside a waiting
+run. Batch cannot take room that a paused interactive run holds: that room is counted as held.
+
+The pool is the engine's own word (read by the prober: SGLang's `max_total_num_tokens`, vLLM's
+blocks times block size, llama.cpp's slots times their context) or the config's `kv_tokens`.
+Where it is unknown the gate is off for that replica: runs are pinned while paused with no keep
+time, as without the gate.
+
+Estimates. A run's first turn is known by its request's size only: bytes times the model's
+tokens per byte (learnt from every turn's reported usage against its size, starting at
+`TOKENS_PER_BYTE`), plus its reply reservation (its `max_tokens`, else `REPLY_RESERVE_DEFAULT`).
+Each completed turn's usage replaces the estimate. What the estimate misses between two reports
+(the tool's answer appended to the prompt) and the prefix that runs share (the system prompt and
+tool definitions are cached once, but counted per run) is what `KV_HEADROOM` is for.
+
+Keep time. A paused run keeps its place for a bounded high percentile of its caller's recent
+pauses on tools (`HOLD_PERCENTILE` of the last `HOLD_SAMPLES`, times `HOLD_SLACK`), so that a
+tool a little slower than usual still finds its prefix. When that comes to more than
+`HOLD_MAX_S`, the caller's tools are long enough that holding the room idle costs more than
+re-reading the prefix would, so the run lets go at once: the room goes to runs that will use it.
+A caller with no pause seen yet keeps `HOLD_MAX_S`.
+
+Everything here is pure arithmetic on numbers the core keeps; the core (`core.py`) owns when it
+is asked, and the status page reads the same functions.
+"""
+
+from __future__ import annotations
+
+from luftpause.scheduler.state import Replica
+
+# Share of a replica's KV pool that held working sets may not take: the estimate's error (a
+# tool's answer not yet in the reported prompt), the prefix that runs share but each counts,
+# and the engine's own slack (its page granularity, requests of other clients).
+KV_HEADROOM = 0.10
+# Tokens a request's body carries per byte until a model's usage has taught otherwise: about
+# four characters a token for English text, as the common BPE vocabularies give.
+TOKENS_PER_BYTE = 0.25
+# Weight of each turn's reported tokens per byte in the model's running average.
+TOKENS_PER_BYTE_LEARNING_RATE = 0.1
+# A turn that sets no max_tokens reserves this many for its reply (the fake engine's default and
+# a common engine one; an engine reserves what it may write).
+REPLY_RESERVE_DEFAULT = 4096
+
+# Pauses on tools remembered per caller, and the keep time drawn from them.
+HOLD_SAMPLES = 32
+HOLD_PERCENTILE = 0.9
+HOLD_SLACK = 1.25
+HOLD_MAX_S = 5.0
+
+
+def capacity(replica: Replica) -> int | None:
+    """The tokens held runs may take on `replica`, None where its pool is unknown (no gate)."""
+    if replica.kv_tokens is None:
+        return None
+    return int(replica.kv_tokens * (1.0 - KV_HEADROOM))
+
+
+def fits(replica: Replica, held_tokens: int, held_runs: int, working_set: int) -> bool:
+    """Whether a run of `working_set` tokens may be placed on `replica`, which holds `held_runs`
+    runs of `held_tokens` in all. An empty replica takes any run; an unknown pool, every run."""
+    limit = capacity(replica)
+    return limit is None or held_runs == 0 or held_tokens + working_set <= limit
+
+
+def reply_reserve(max_tokens: int | None) -> int:
+    """What the engine reserves for a reply of `max_tokens` (None: not set)."""
+    return max_tokens if max_tokens is not None and max_tokens > 0 else REPLY_RESERVE_DEFAULT
+
+
+def estimated_working_set(request_bytes: int, max_tokens: int | None, tokens_per_byte: float | None) -> int:
+    """A turn's working set from its request alone: its prompt by size, and its reply reservation."""
+    rate = tokens_per_byte if tokens_per_byte is not None else TOKENS_PER_BYTE
+    return int(max(request_bytes, 0) * rate) + reply_reserve(max_tokens)
+
+
+def measured_working_set(prompt_tokens: int, completion_tokens: int, max_tokens: int | None) -> int:
+    """A run's working set once a turn of it reported usage: the prefix its next turn extends
+    (the prompt and the reply), and that turn's reply reservation."""
+    return max(prompt_tokens, 0) + max(completion_tokens, 0) + reply_reserve(max_tokens)
+
+
+def learn_tokens_per_byte(
+    tokens_per_byte: float | None, prompt_tokens: int, request_bytes: int
+) -> float | None:
+    """The model's running tokens per byte after a turn of `request_bytes` reported `prompt_tokens`;
+    unchanged when either is unknown."""
+    if prompt_tokens <= 0 or request_bytes <= 0:
+        return tokens_per_byte
+    seen = prompt_tokens / request_bytes
+    if tokens_per_byte is None:
+        return seen
+    return tokens_per_byte + TOKENS_PER_BYTE_LEARNING_RATE * (seen - tokens_per_byte)
+
+
+def learn_pause(pauses: tuple[float, ...], pause_s: float) -> tuple[float, ...]:
+    """A caller's recent pauses on tools, newest last, after one more of `pause_s`."""
+    return (*pauses[-(HOLD_SAMPLES - 1) :], max(pause_s, 0.0))
+
+
+def hold_for(pauses: tuple[float, ...]) -> float:
+    """How long a paused run of a caller with these recent pauses keeps its place: 0 lets go at once."""
+    if not pauses:
+        return HOLD_MAX_S
+    ordered = sorted(pauses)
+    keep = ordered[min(len(ordered) - 1, int(HOLD_PERCENTILE * len(ordered)))] * HOLD_SLACK
+    return keep if keep <= HOLD_MAX_S else 0.0
