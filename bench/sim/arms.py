@@ -17,6 +17,9 @@
   would feed it: the pool, a probe of each replica's engine load every 2 s, a tick every 1 s,
   each turn's arrival, start, first token and completion (with its tool-call ids), and the end
   of each run. A held turn waits until an action places it.
+- `luftpause-no-run-gate`: the same on replicas whose KV pool nobody told it (an engine whose
+  probe cannot read it, no `kv_tokens` in the config): turns are admitted by the lookahead alone
+  and paused runs keep their replica however long their tools take, as before the run gate.
 - `luftpause-no-engine-priority`: the same on engines that are not told priorities (llama.cpp,
   or an SGLang replica not declared `engine_priority`): luftpause's own queue is all the
   reordering there is.
@@ -299,6 +302,11 @@ class Luftpause(Arm):
         )
 
 
+class LuftpauseNoRunGate(Luftpause):
+    name = "luftpause-no-run-gate"
+    reads_kv = False
+
+
 class LuftpauseFreeMoving(Luftpause):
     name = "luftpause-free-moving"
     strict_affinity = False
@@ -329,6 +337,7 @@ ARMS: dict[str, type[Arm]] = {
         CacheAware,
         Sticky,
         Luftpause,
+        LuftpauseNoRunGate,
         LuftpauseFreeMoving,
         LuftpauseNoEnginePriority,
         LuftpauseNoLoadMetrics,

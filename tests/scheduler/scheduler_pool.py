@@ -29,9 +29,13 @@ def spec(
     reports_load: bool = True,
     load_from: tuple[str, ...] = (),
     lookahead: int = LOOKAHEAD,
+    kv_tokens: int | None = None,
 ) -> ReplicaSpec:
-    """A replica serving `models` (default "m"); `lookahead` 0 takes any number of our turns."""
-    return ReplicaSpec(name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead)
+    """A replica serving `models` (default "m"); `lookahead` 0 takes any number of our turns;
+    `kv_tokens`: its KV pool as configured (None: as its probes say)."""
+    return ReplicaSpec(
+        name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead, kv_tokens
+    )
 
 
 class Pool:
@@ -60,6 +64,8 @@ class Pool:
         model: str = "m",
         kind: Kind = Kind.GENERATIVE,
         dataplane: str = "",
+        request_bytes: int = 0,
+        max_tokens: int | None = None,
     ) -> tuple[Action, ...]:
         return self.feed(
             TurnArrived(
@@ -71,6 +77,8 @@ class Pool:
                 kind,
                 self.now,
                 dataplane,
+                request_bytes,
+                max_tokens,
             )
         )
 
@@ -88,10 +96,14 @@ class Pool:
             actions += self.feed(FirstToken(turn_id, self.state.turns[turn_id].run_id, self.now))
         return actions
 
-    def complete(self, turn_id: str, tool_calls: bool = False) -> tuple[Action, ...]:
+    def complete(
+        self, turn_id: str, tool_calls: bool = False, prompt_tokens: int = 100, completion_tokens: int = 20
+    ) -> tuple[Action, ...]:
         turn = self.state.turns[turn_id]
         reason, ids = ("tool_calls", ("call_1",)) if tool_calls else ("stop", ())
-        return self.feed(TurnCompleted(turn_id, turn.run_id, reason, 100, 20, ids, self.now))
+        return self.feed(
+            TurnCompleted(turn_id, turn.run_id, reason, prompt_tokens, completion_tokens, ids, self.now)
+        )
 
     def fail(self, turn_id: str) -> tuple[Action, ...]:
         return self.feed(
@@ -111,9 +123,11 @@ class Pool:
         running: int | None = None,
         waiting: int | None = None,
         sent_at: float | None = None,
+        kv_tokens: int | None = None,
     ) -> tuple[Action, ...]:
-        """A probe answered now; `sent_at`: when the load was asked for (default: now)."""
-        return self.feed(ReplicaProbed(name, healthy, running, waiting, self.now, sent_at))
+        """A probe answered now; `sent_at`: when the load was asked for (default: now);
+        `kv_tokens`: the KV pool the engine said it has (None: not read)."""
+        return self.feed(ReplicaProbed(name, healthy, running, waiting, self.now, sent_at, kv_tokens))
 
     def tick(self) -> tuple[Action, ...]:
         return self.feed(Tick(self.now))
@@ -127,7 +141,8 @@ class Pool:
         return [t.turn_id for t in sorted(self.state.held(), key=lambda t: t.seq)]
 
     def unconfirmed(self, name: str) -> list[str]:
-        """Our turns placed on `name` that its engine is not yet known to have started, in arrival order."""
+        """Our turns placed on `name` that its engine is not yet known to have started, in the
+        order they went out."""
         waiting = [self.state.turns[key[-1]] for key in self.state.unconfirmed.get(name, ())]
         return [t.turn_id for t in sorted(waiting, key=lambda t: t.seq)]
 
