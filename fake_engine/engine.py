@@ -18,7 +18,11 @@ call to `step()` is one iteration of the engine's scheduler loop, starting at `n
    ahead without changing the outcome.
 
 A finished request frees its slot and its reservation, and its prompt and reply enter the prefix
-cache. A cancelled request leaves the queue, or frees what it held. Nothing here reads a clock,
+cache. A cancelled request leaves the queue, or frees what it held.
+
+What the engine did is counted for the simulator's measurements, without changing what it does:
+busy seconds by step kind and tokens evicted from the cache (`work()`), and each admission's
+cache hit as blocks (`on_admit`). Nothing here reads a clock,
 sleeps or draws a random number: the same submissions at the same times give the same steps,
 which is what lets the HTTP server drive it in real time and the simulator in virtual time.
 State is mutated in place (one engine belongs to one driver), for the simulator's speed.
@@ -26,6 +30,7 @@ State is mutated in place (one engine belongs to one driver), for the simulator'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from luftpause.fake_engine.kv_pool import KvPool
@@ -78,6 +83,22 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineWork:
+    """What the engine has done since it started; no engine's /metrics say this, the simulator does."""
+
+    prefill_s: float
+    """Seconds spent in prefill passes."""
+    decode_s: float
+    """Seconds spent in decode steps."""
+    tokens_evicted: int
+    """Tokens of cached prefixes evicted to make room."""
+
+    @property
+    def busy_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+
+@dataclass(frozen=True, slots=True)
 class EngineLoad:
     """What the engine reports about itself, as its /metrics do."""
 
@@ -109,6 +130,10 @@ class Engine:
         self._hits = 0
         self._prompt_total = 0
         self._generated_total = 0
+        self._prefill_s = 0.0
+        self._decode_s = 0.0
+        self.on_admit: Callable[[ModelRequest, int], None] | None = None
+        """Told of each admission: the request and how many of its leading blocks were cached."""
 
     # --- what drivers call -----------------------------------------------------------------
 
@@ -141,7 +166,9 @@ class Engine:
         admitted, rejected = self._admit()
         if admitted:
             uncached = sum(r.uncached for r in admitted)
-            self.now += self.params.prefill_base_s + self.params.prefill_per_token_s * uncached
+            duration = self.params.prefill_base_s + self.params.prefill_per_token_s * uncached
+            self.now += duration
+            self._prefill_s += duration
             tokens: dict[str, int] = {}
             finished: list[str] = []
             for r in admitted:
@@ -164,6 +191,7 @@ class Engine:
             remaining = min(r.request.completion_tokens - r.decoded for r in self.running.values())
             count = max(1, min(remaining, int((until - self.now) / step_s) if step_s > 0 else remaining))
         self.now += step_s * count
+        self._decode_s += step_s * count
         tokens = {}
         finished = []
         for r in list(self.running.values()):
@@ -188,6 +216,9 @@ class Engine:
             generation_tokens_total=self._generated_total,
             cached_tokens=self.cache.size,
         )
+
+    def work(self) -> EngineWork:
+        return EngineWork(self._prefill_s, self._decode_s, self.cache.evicted_total)
 
     # --- inside -------------------------------------------------------------------------------
 
@@ -228,6 +259,8 @@ class Engine:
             running = _Running(head, locked, uncached, need)
             self.running[head.request_id] = running
             admitted.append(running)
+            if self.on_admit is not None:
+                self.on_admit(head, matched)
         return admitted, rejected
 
     def _finish(self, running: _Running) -> str:

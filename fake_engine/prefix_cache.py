@@ -94,6 +94,8 @@ class PrefixCache:
         self._nodes: OrderedDict[bytes, _Node] = OrderedDict()
         self.size = 0
         self.locked = 0
+        self.evicted_total = 0
+        """Tokens evicted since the cache was made (what the simulator reports as churn)."""
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._nodes
@@ -160,6 +162,7 @@ class PrefixCache:
                 del self._nodes[key]
                 self.size -= node.tokens
                 freed += node.tokens
+                self.evicted_total += node.tokens
                 key = node.parent
                 node = self._nodes.get(key)
                 if node is not None:

@@ -38,20 +38,27 @@ RATIO_SCENARIOS = tuple(TARGET_RATIO)
 TIE_SCENARIOS = ("light", "mcp-light")
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def table(scenario: str, seed: int, results: Sequence[ArmResult]) -> str:
     lines = [
         f"Simulated {scenario}, seed {seed} (virtual time; runs ending in the measurement window)",
         "",
         "| arm | interactive runs/min | interactive p50 s | batch runs/min | batch p50 s | "
-        "interactive wait to first token p50 / p99 s | batch wait p50 s | prefix cache hit | runs moved |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "interactive wait to first token p50 / p99 s | batch wait p50 s | prefix cache hit | runs moved | "
+        "continuation prefix hit | prefill share | engine s/run | tokens evicted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.name} | {cell(r.interactive_runs_per_min)} | {cell(r.interactive_p50_s)} | "
             f"{cell(r.batch_runs_per_min)} | {cell(r.batch_p50_s)} | "
             f"{cell(r.interactive_wait_p50_s)} / {cell(r.interactive_wait_p99_s)} | "
-            f"{cell(r.batch_wait_p50_s)} | {r.prefix_cache_hit_rate:.1%} | {r.runs_moved} of {r.runs} |"
+            f"{cell(r.batch_wait_p50_s)} | {r.prefix_cache_hit_rate:.1%} | {r.runs_moved} of {r.runs} | "
+            f"{_share(r.continuation_prefix_hit)} | {_share(r.prefill_share)} | {cell(r.engine_s_per_run)} | "
+            f"{r.tokens_evicted} |"
         )
     return "\n".join(lines)
 

@@ -169,3 +169,40 @@ def test_the_runtime_overheads_lengthen_each_run_by_what_they_add() -> None:
         SCENARIOS["flood"], name="mcp-flood", overheads=RUNTIME_OVERHEADS
     )
     assert SCENARIOS["mcp-flood"].streamed
+
+
+# flood, seed 1, as main gave it before the engine model counted anything and could preempt
+# (interactive, batch runs/min). Counting must not change a step, so these stay put; an arm whose
+# placement changes on purpose (the luftpause arms under the run gate) records its new figures.
+FLOOD_SEED_1 = {
+    "router-round-robin": (6.3, 85.3),
+    "sglang-cache-aware": (6.7, 84.0),
+    "sglang-sticky": (6.7, 84.0),
+    "luftpause": (10.7, 80.7),
+    "luftpause-free-moving": (10.3, 81.0),
+    "luftpause-no-engine-priority": (10.0, 81.3),
+    "luftpause-no-load-metrics": (9.7, 81.7),
+    "luftpause-no-load-metrics-uncapped": (6.7, 84.0),
+    "router-plus-engine-priority": (10.3, 80.7),
+    "flow-control": (8.3, 82.7),
+}
+
+
+@pytest.mark.parametrize("arm", sorted(FLOOD_SEED_1))
+def test_the_engine_models_counters_leave_every_arms_flood_figures_as_they_were(arm: str) -> None:
+    result = simulate(SCENARIOS["flood"], arm, seed=1)
+    assert (result.interactive_runs_per_min, result.batch_runs_per_min) == FLOOD_SEED_1[arm]
+
+
+def test_the_engine_models_eyes_see_the_flood_re_prefill_every_paused_run() -> None:
+    result = simulate(SCENARIOS["flood"], "sglang-cache-aware", seed=1)
+    # Each run's prefix is evicted during its 2 s tool call: no continuation turn finds its own.
+    assert result.continuation_prefix_hit == 0.0
+    assert result.tokens_evicted > 0
+    assert result.prefill_share is not None and 0.1 < result.prefill_share < 0.5
+    # Two engines busy nearly the whole window, over the runs that ended in it.
+    assert result.engine_s_per_run == pytest.approx(2 * 180 / result.runs, rel=0.05)
+    quiet = simulate(QUIET, "sglang-cache-aware", seed=1)
+    # Nothing is evicted: all but the tool result the turn just appended is found.
+    assert quiet.continuation_prefix_hit is not None and quiet.continuation_prefix_hit > 0.85
+    assert quiet.tokens_evicted == 0

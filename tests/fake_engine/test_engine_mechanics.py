@@ -3,6 +3,8 @@ queue, the prefix cache and its eviction, step times, priorities, and parameter 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -219,6 +221,26 @@ def test_decode_steps_taken_together_end_where_single_steps_would() -> None:
     assert [f for s in jumps for f in s.finished] == one_by_one
     assert together.now == pytest.approx(single.now)
     assert len(jumps) == 2  # one jump to b's end, one to a's
+
+
+def test_the_engine_counts_its_busy_time_by_step_kind_its_evictions_and_each_admissions_hit() -> None:
+    engine = Engine(replace(PARAMS, kv_pool_tokens=1000))
+    admissions: list[tuple[str, int]] = []
+    engine.on_admit = lambda r, matched: admissions.append((r.request_id, matched))
+    shared = Block(b"shared", 100)
+    # a: 300 uncached tokens, a 0.31 s prefill (which writes its first token), two 12 ms decodes.
+    engine.submit(ModelRequest("a", (shared, Block(b"own-a", 200)), 3, 50))
+    assert run_until_idle(engine) == ["a"]
+    assert engine.cache.size == 300 and engine.work().tokens_evicted == 0
+    # b matches the shared block and needs 700 + 50 of the 700 free: a's own block (200) goes.
+    engine.submit(ModelRequest("b", (shared, Block(b"own-b", 700)), 1, 50))
+    assert run_until_idle(engine) == ["b"]
+    work = engine.work()
+    assert admissions == [("a", 0), ("b", 1)]
+    assert work.prefill_s == pytest.approx(0.31 + 0.71)
+    assert work.decode_s == pytest.approx(2 * 0.012)
+    assert work.busy_s == pytest.approx(engine.now)  # never idle in between
+    assert work.tokens_evicted == 200 and b"own-a" not in engine.cache
 
 
 def test_a_cancelled_request_leaves_the_queue_or_frees_its_slot() -> None:
