@@ -7,21 +7,30 @@ a user could pick without luftpause), and a line on what bounds them: every arm'
 plus batch runs a minute, which the engines' fixed work per run keeps about equal. The record
 (JSON and markdown) goes under bench/results/, with a PNG of interactive and batch runs a minute
 per arm when matplotlib is installed (the `bench` extra).
+
+Knobs change the named scenario for one invocation (`KNOBS`): the engines' KV pool and slots, the
+tool calls' latency and most number, the contexts' size and the agents of each class. They apply
+on top of the scenario, go into the record (`knobs`) and into every table's title; the verdicts of
+`flood` and `mcp-flood` apply to their knob variants too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from luftpause.bench.results import cell
 from luftpause.bench.sim.arms import ARMS
 from luftpause.bench.sim.run import ArmResult, simulate
-from luftpause.bench.sim.scenarios import SCENARIOS
+from luftpause.bench.sim.scenarios import SCENARIOS, Scenario
+from luftpause.fake_engine.params import EngineParams
 
 # The arms that route without looking at a turn's class: what "straight to the router" means.
 CLASS_BLIND = ("router-round-robin", "sglang-cache-aware", "sglang-sticky")
@@ -38,11 +47,72 @@ RATIO_SCENARIOS = tuple(TARGET_RATIO)
 TIE_SCENARIOS = ("light", "mcp-light")
 
 
+def _at_least(minimum: float, kind: type[int] | type[float], what: str) -> Callable[[str], float]:
+    """An argparse type: a number of `kind`, at least `minimum`; the message says what was wrong."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be {'a whole number' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number, got {text}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be at least {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One thing the command line may change in a scenario, or in its engines' parameters."""
+
+    flag: str
+    field: str
+    """The `Scenario` or `EngineParams` field it sets; also its name in the record."""
+    engine: bool
+    """Whether the field is `EngineParams`' (else `Scenario`'s)."""
+    parse: Callable[[str], float]
+    help: str
+
+
+KNOBS = (
+    Knob("--kv-pool-tokens", "kv_pool_tokens", True, _at_least(1, int, "the KV pool"), "tokens of KV memory per replica"),
+    Knob("--slots", "slots", True, _at_least(0, int, "slots"), "running requests per replica at most (0: as many as fit)"),
+    Knob("--tool-s", "tool_latency_s", False, _at_least(0, float, "a tool call's latency"), "seconds each tool call takes"),
+    Knob("--tool-calls", "max_tool_calls", False, _at_least(1, int, "the most tool calls"), "most tool calls a run makes (each makes 1 to N)"),
+    Knob("--context-chars", "context_chars", False, _at_least(1, int, "a context"), "characters of each run's task context"),
+    Knob("--batch", "batch_agents", False, _at_least(0, int, "batch agents"), "batch agents"),
+    Knob("--interactive", "interactive_agents", False, _at_least(0, int, "interactive agents"), "interactive agents"),
+)  # fmt: skip
+
+
+def with_knobs(scenario: Scenario, knobs: dict[str, Any]) -> tuple[Scenario, EngineParams | None]:
+    """The scenario and, if any engine knob is set, the engines' parameters, with `knobs` applied.
+
+    `knobs` maps fields to values, each of its field's type (which one value type cannot say)."""
+    engine_fields = {k.field for k in KNOBS if k.engine}
+    engine = {f: v for f, v in knobs.items() if f in engine_fields}
+    scenario = replace(scenario, **{f: v for f, v in knobs.items() if f not in engine_fields})
+    return scenario, (replace(EngineParams(), **engine) if engine else None)
+
+
+def label(scenario: str, knobs: dict[str, Any]) -> str:
+    """The scenario as a title names it: with the knobs that changed it, as they were written."""
+    flags = {k.field: k.flag for k in KNOBS}
+    given = ", ".join(f"{flags[f]} {v:g}" for f, v in knobs.items())
+    return f"{scenario} ({given})" if given else scenario
+
+
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
 def table(scenario: str, seed: int, results: Sequence[ArmResult]) -> str:
+    """One seed's figures per arm; `scenario` as `label` writes it."""
     lines = [
         f"Simulated {scenario}, seed {seed} (virtual time; runs ending in the measurement window)",
         "",
@@ -67,13 +137,15 @@ def _median_range(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):g}-{max(values):g})"
 
 
-def summary(scenario: str, by_seed: dict[int, list[ArmResult]]) -> tuple[str, dict]:
-    """The median table over seeds, the ratios and their verdicts, as text and as a record."""
+def summary(scenario: str, by_seed: dict[int, list[ArmResult]], title: str | None = None) -> tuple[str, dict]:
+    """The median table over seeds, the ratios and their verdicts, as text and as a record.
+
+    `scenario` is the named scenario, whose verdicts apply; `title` names it with its knobs."""
     seeds = sorted(by_seed)
     arms = [r.name for r in by_seed[seeds[0]]]
     per_arm = {a: [next(r for r in by_seed[s] if r.name == a) for s in seeds] for a in arms}
     lines = [
-        f"Simulated {scenario}, seeds {', '.join(map(str, seeds))}: median (range) over the seeds",
+        f"Simulated {title or scenario}, seeds {', '.join(map(str, seeds))}: median (range) over the seeds",
         "",
         "| arm | interactive runs/min | batch runs/min | interactive + batch | interactive p50 s | "
         "interactive wait to first token p99 s |",
@@ -235,9 +307,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--arms", default=",".join(ARMS), help=f"comma-separated arms (default all: {','.join(ARMS)})"
     )
     parser.add_argument("--no-record", action="store_true", help="do not write a record under bench/results/")
+    for knob in KNOBS:
+        parser.add_argument(
+            knob.flag,
+            type=knob.parse,
+            dest=knob.field,
+            metavar="S" if knob.flag == "--tool-s" else "N",
+            help=f"{knob.help} (default: the {'calibrated engine' if knob.engine else 'scenario'}'s)",
+        )
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.seed is not None and args.seeds is not None:
         parser.error("give --seed or --seeds, not both")
+    knobs = {k.field: getattr(args, k.field) for k in KNOBS if getattr(args, k.field) is not None}
+    scenario, params = with_knobs(SCENARIOS[args.scenario], knobs)
+    if scenario.batch_agents + scenario.interactive_agents == 0:
+        parser.error("no agents: --batch and --interactive cannot both be 0")
+    title = label(args.scenario, knobs)
     seeds = args.seeds or [args.seed if args.seed is not None else 1]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
@@ -253,23 +338,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         for arm in arms:
             if len(seeds) > 1:
                 print(f"seed {seed}: {arm} ...", file=sys.stderr, flush=True)
-            results.append(simulate(SCENARIOS[args.scenario], arm, seed))
+            results.append(simulate(scenario, arm, seed, params))
         by_seed[seed] = results
-    texts = [table(args.scenario, seed, by_seed[seed]) for seed in seeds]
+    texts = [table(title, seed, by_seed[seed]) for seed in seeds]
     record: dict = {
         "scenario": args.scenario,
+        "knobs": knobs,
         "seeds": seeds,
         "by_seed": {str(s): [r.as_dict() for r in by_seed[s]] for s in seeds},
     }
     if len(seeds) == 1:
-        # The single-seed record keeps the shape it always had.
+        # The single-seed record keeps the shape it always had, and says what the knobs changed.
         record = {
             "scenario": args.scenario,
+            "knobs": knobs,
             "seed": seeds[0],
             "arms": [r.as_dict() for r in by_seed[seeds[0]]],
         }
     else:
-        text, summary_record = summary(args.scenario, by_seed)
+        text, summary_record = summary(args.scenario, by_seed, title)
         texts.append(text)
         record["summary"] = summary_record
     text = "\n\n".join(texts)
@@ -283,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = records.write(f"sim-{args.scenario}", record, text)
         print(f"record: {path}", file=sys.stderr)
         if len(seeds) > 1:
-            png = plot(args.scenario, by_seed, path.with_suffix(".png"))
+            png = plot(title, by_seed, path.with_suffix(".png"))
             if png is None:
                 print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
             else:

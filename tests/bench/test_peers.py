@@ -58,9 +58,9 @@ def test_the_cli_runs_the_peers_by_name_and_by_default(
     ran: list[str] = []
     tiny = replace(SMALL_FLOOD, batch_agents=1, interactive_agents=1, warmup_s=1, window_s=5)
 
-    def named(scenario, arm: str, seed: int) -> sim_run.ArmResult:
+    def named(scenario, arm: str, seed: int, params=None) -> sim_run.ArmResult:
         ran.append(arm)
-        return simulate(tiny, arm, seed)
+        return simulate(tiny, arm, seed, params)
 
     monkeypatch.setattr(cli, "simulate", named)
     assert cli.main(["routing", "--no-record"]) == 0

@@ -206,3 +206,85 @@ def test_the_engine_models_eyes_see_the_flood_re_prefill_every_paused_run() -> N
     # Nothing is evicted: all but the tool result the turn just appended is found.
     assert quiet.continuation_prefix_hit is not None and quiet.continuation_prefix_hit > 0.85
     assert quiet.tokens_evicted == 0
+
+
+def test_knobs_change_the_named_scenario_and_go_into_the_title_and_the_record(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from luftpause.bench.sim import cli
+
+    seen: list[tuple[Scenario, EngineParams | None]] = []
+
+    def recording(scenario: Scenario, arm: str, seed: int, params: EngineParams | None = None):
+        seen.append((scenario, params))
+        return simulate(replace(scenario, warmup_s=5, window_s=20), arm, seed, params)
+
+    monkeypatch.setattr(cli, "simulate", recording)
+    argv = ["light", "--arms", "sglang-sticky", "--no-record", "--kv-pool-tokens", "16384", "--slots", "4"]
+    argv += [
+        "--tool-s",
+        "0.5",
+        "--tool-calls",
+        "1",
+        "--context-chars",
+        "900",
+        "--batch",
+        "3",
+        "--interactive",
+        "2",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Simulated light (--kv-pool-tokens 16384, --slots 4, --tool-s 0.5, --tool-calls 1, " in out
+    [(scenario, params)] = seen
+    assert scenario == replace(
+        SCENARIOS["light"],
+        tool_latency_s=0.5,
+        max_tool_calls=1,
+        context_chars=900,
+        batch_agents=3,
+        interactive_agents=2,
+    )
+    assert params == EngineParams(kv_pool_tokens=16384, slots=4)
+    assert main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["knobs"] == {
+        "kv_pool_tokens": 16384,
+        "slots": 4,
+        "tool_latency_s": 0.5,
+        "max_tool_calls": 1,
+        "context_chars": 900,
+        "batch_agents": 3,
+        "interactive_agents": 2,
+    }
+    # Without knobs the scenario is the named one and the engines the calibrated ones.
+    seen.clear()
+    assert main(["light", "--arms", "sglang-sticky", "--no-record"]) == 0
+    assert seen == [(SCENARIOS["light"], None)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slots", "-1"], "slots must be at least 0"),
+        (["--kv-pool-tokens", "0"], "the KV pool must be at least 1"),
+        (["--tool-calls", "0"], "the most tool calls must be at least 1"),
+        (["--tool-s", "-2"], "a tool call's latency must be at least 0"),
+        (["--tool-s", "inf"], "must be a finite number"),
+        (["--context-chars", "many"], "a context must be a whole number"),
+        (["--batch", "0", "--interactive", "0"], "no agents"),
+    ],
+)
+def test_bad_knobs_are_refused_with_what_was_wrong(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["flood", "--no-record", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_the_most_tool_calls_bounds_every_runs_calls() -> None:
+    one = simulate(replace(QUIET, max_tool_calls=1), "sglang-sticky", seed=1)
+    default = simulate(QUIET, "sglang-sticky", seed=1)
+    # One call a run: two turns a run, fewer than the default's 1 to 3 calls; so more runs a minute.
+    assert one.interactive_runs_per_min > default.interactive_runs_per_min
