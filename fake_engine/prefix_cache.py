@@ -135,6 +135,25 @@ class PrefixCache:
             if node.locks == 0:
                 self.locked -= node.tokens
 
+    def locked_after(self, released: Iterable[Sequence[Block]], held: Sequence[Block]) -> int:
+        """The tokens `locked` would be if each of `released` were unlocked and `held` locked."""
+        delta: dict[bytes, int] = {}
+        for blocks in released:
+            for block in blocks:
+                delta[block.key] = delta.get(block.key, 0) - 1
+        for block in held:
+            delta[block.key] = delta.get(block.key, 0) + 1
+        locked = self.locked
+        for key, change in delta.items():
+            node = self._nodes.get(key)
+            if node is None:
+                continue
+            if node.locks > 0 >= node.locks + change:
+                locked -= node.tokens
+            elif node.locks + change > 0 >= node.locks:
+                locked += node.tokens
+        return locked
+
     def insert(self, blocks: Sequence[Block]) -> None:
         """Caches a whole chain (a finished request's prompt and reply), marking it used now."""
         parent = ROOT
