@@ -58,6 +58,8 @@ class ArmResult:
     prefill_share: float | None
     engine_s_per_run: float | None
     tokens_evicted: int
+    preemptions: int
+    """Running turns the engines preempted in the window (only engines with priority preemption do)."""
     wall_s: float
 
     def as_dict(self) -> dict:
@@ -68,7 +70,7 @@ def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams 
     # The description's test bed ran SGLang with --enable-priority-scheduling in every row. Arms
     # that send no priority leave every request at the same value, so their order stays first
     # come, first served; only an arm that marks its turns sees the engine reorder them.
-    params = replace(params or EngineParams(), priority_scheduling=True)
+    params = ARMS[arm_name].engines(replace(params or EngineParams(), priority_scheduling=True))
     wall = time.perf_counter()
     clock = VirtualClock()
     replicas = [SimReplica(f"fake-{chr(ord('a') + i)}", params, clock) for i in range(scenario.replicas)]
@@ -150,5 +152,6 @@ def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams 
         prefill_share=round(prefill_s / busy_s, 3) if busy_s > 0 else None,
         engine_s_per_run=round(busy_s / len(records), 2) if records else None,
         tokens_evicted=sum(a.tokens_evicted - b.tokens_evicted for a, b in pairs),
+        preemptions=sum(a.preempted - b.preempted for a, b in pairs),
         wall_s=round(time.perf_counter() - wall, 2),
     )
