@@ -10,7 +10,7 @@ import pytest
 from luftpause.bench.sim import arms as sim_arms
 from luftpause.bench.sim.agents import Overheads
 from luftpause.bench.sim.cli import main
-from luftpause.bench.sim.run import simulate
+from luftpause.bench.sim.run import ArmResult, simulate
 from luftpause.bench.sim.scenarios import RUNTIME_OVERHEADS, SCENARIOS, Scenario
 from luftpause.fake_engine.params import EngineParams
 
@@ -112,22 +112,36 @@ def test_several_seeds_print_each_table_then_the_medians_and_the_ratios(
     monkeypatch.setitem(cli.SCENARIOS, "flood", SMALL_FLOOD)
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(records.write, "__defaults__", (tmp_path,))
-    arms = "router-round-robin,sglang-cache-aware,luftpause,router-plus-engine-priority"
-    assert main(["flood", "--seeds", "1-2", "--arms", arms]) == 0
+    arms = "router-round-robin,sglang-cache-aware,luftpause,router-plus-engine-priority,run-gate-fixed"
+    assert main(["flood", "--seeds", "1-2", "--arms", arms, "--batch", "10"]) == 0
     out = capsys.readouterr().out
     assert "seed 1 (virtual time" in out and "seed 2 (virtual time" in out
-    assert "median (range) over the seeds" in out
+    assert "Simulated flood (--batch 10), seeds 1, 2: median (range) over the seeds" in out
+    assert "| continuation prefix hit | prefill share | engine s/run | tokens evicted |" in out
     assert "| best class-blind router arm of each seed |" in out
-    assert "| router-plus-engine-priority |" in out
+    assert "| router-plus-engine-priority |" in out and "needs >= 1.4x" in out
+    assert "| run-gate-fixed |" in out and "needs > 1x" in out
+    assert "| luftpause's interactive + batch against |" in out
+    assert "luftpause's continuation prefix hit:" in out and "needs >= 80%" in out
     assert "What bounds the ratio" in out
     written = sorted(p.suffix for p in tmp_path.iterdir())
     assert written[:2] == [".json", ".md"]
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
-    assert record["seeds"] == [1, 2]
-    assert {c["against"] for c in record["summary"]["comparisons"]} == {
+    assert record["seeds"] == [1, 2] and record["knobs"] == {"batch_agents": 10}
+    comparisons = record["summary"]["comparisons"]
+    assert {c["against"] for c in comparisons if "against" in c} == {
         "best class-blind router arm of each seed",
         "router-plus-engine-priority",
+        "run-gate-fixed",
     }
+    assert {c["total_against"] for c in comparisons if "total_against" in c} == {
+        "router-plus-engine-priority",
+        "run-gate-fixed",
+    }
+    [hit] = [c for c in comparisons if "continuation_prefix_hit" in c]
+    assert hit["target"] == 0.8 and len(hit["continuation_prefix_hit"]) == 2
+    medians = record["summary"]["medians"]["luftpause"]
+    assert {"continuation_prefix_hit", "prefill_share", "engine_s_per_run", "tokens_evicted"} <= set(medians)
 
 
 def test_a_bad_seed_list_is_refused_with_what_to_write(capsys: pytest.CaptureFixture[str]) -> None:
@@ -288,3 +302,37 @@ def test_the_most_tool_calls_bounds_every_runs_calls() -> None:
     default = simulate(QUIET, "sglang-sticky", seed=1)
     # One call a run: two turns a run, fewer than the default's 1 to 3 calls; so more runs a minute.
     assert one.interactive_runs_per_min > default.interactive_runs_per_min
+
+
+def _result(name: str, interactive: float, batch: float, hit: float | None = 0.0) -> ArmResult:
+    return ArmResult(
+        name, interactive, 20.0, batch, 30.0, 0.1, 1.0, 1.0, 0.1, 0, 100, 0, hit, 0.2, 1.3, 1000, 0, 0.1
+    )
+
+
+def test_the_verdicts_ask_each_peer_for_its_own_ratio_the_fixed_gate_to_be_beaten_and_the_cache_to_hold() -> (
+    None
+):
+    from luftpause.bench.sim.cli import summary
+
+    arms = [
+        _result("sglang-cache-aware", 5.0, 80.0),
+        _result("luftpause", 14.0, 80.0, hit=0.85),
+        _result("router-plus-engine-priority", 10.0, 80.0),  # 1.4x: met
+        _result("router-plus-engine-priority-preempt", 10.1, 80.0),  # just short of 1.4x
+        _result("run-gate-fixed", 14.0, 80.0),  # a tie is not above it
+    ]
+    text, record = summary("flood", {1: arms, 2: arms})
+    verdicts = {c["against"]: c["met"] for c in record["comparisons"] if "against" in c}
+    assert verdicts["best class-blind router arm of each seed"] is True  # 2.8x
+    assert verdicts["router-plus-engine-priority"] is True
+    assert verdicts["router-plus-engine-priority-preempt"] is False
+    assert verdicts["run-gate-fixed"] is False
+    assert [c["met"] for c in record["comparisons"] if "continuation_prefix_hit" in c] == [True]
+    totals = {c["total_against"]: c["met"] for c in record["comparisons"] if "total_against" in c}
+    assert totals == {
+        "router-plus-engine-priority": True,
+        "router-plus-engine-priority-preempt": True,
+        "run-gate-fixed": False,
+    }
+    assert "median 85.0% (met: needs >= 80%)" in text
