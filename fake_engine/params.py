@@ -58,6 +58,16 @@ class EngineParams:
     """Whether the waiting queue is ordered by the request's `priority` (higher first, as SGLang's
     --enable-priority-scheduling) before arrival. Off: first come, first served."""
 
+    priority_preemption: bool = False
+    """Whether a queue head that does not fit may preempt running requests whose priority is worse
+    than its own by more than `preemption_threshold`, as SGLang does with priority scheduling
+    unless --disable-priority-preemption (see `engine`). Off: nothing running is ever preempted,
+    which is what the calibration assumed (its priorities were never that far apart)."""
+
+    preemption_threshold: int = 10
+    """How much worse a running request's priority must be to be preempted: SGLang's
+    --priority-scheduling-preemption-threshold, 10 by default there too."""
+
 
 def params_from_env(spec: str, base: EngineParams | None = None) -> EngineParams:
     """`base` (default: the defaults) with overrides written `field=value,field=value`.

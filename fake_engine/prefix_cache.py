@@ -94,6 +94,8 @@ class PrefixCache:
         self._nodes: OrderedDict[bytes, _Node] = OrderedDict()
         self.size = 0
         self.locked = 0
+        self.evicted_total = 0
+        """Tokens evicted since the cache was made (what the simulator reports as churn)."""
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._nodes
@@ -133,6 +135,25 @@ class PrefixCache:
             if node.locks == 0:
                 self.locked -= node.tokens
 
+    def locked_after(self, released: Iterable[Sequence[Block]], held: Sequence[Block]) -> int:
+        """The tokens `locked` would be if each of `released` were unlocked and `held` locked."""
+        delta: dict[bytes, int] = {}
+        for blocks in released:
+            for block in blocks:
+                delta[block.key] = delta.get(block.key, 0) - 1
+        for block in held:
+            delta[block.key] = delta.get(block.key, 0) + 1
+        locked = self.locked
+        for key, change in delta.items():
+            node = self._nodes.get(key)
+            if node is None:
+                continue
+            if node.locks > 0 >= node.locks + change:
+                locked -= node.tokens
+            elif node.locks + change > 0 >= node.locks:
+                locked += node.tokens
+        return locked
+
     def insert(self, blocks: Sequence[Block]) -> None:
         """Caches a whole chain (a finished request's prompt and reply), marking it used now."""
         parent = ROOT
@@ -160,6 +181,7 @@ class PrefixCache:
                 del self._nodes[key]
                 self.size -= node.tokens
                 freed += node.tokens
+                self.evicted_total += node.tokens
                 key = node.parent
                 node = self._nodes.get(key)
                 if node is not None:

@@ -2,7 +2,9 @@
 
 The rule, so that a workload of "up to three tool calls" is reproducible:
 
-- A conversation plans `1 + (sha256(first user message) mod 3)` tool calls, so 1, 2 or 3.
+- A conversation plans `1 + (sha256(first user message) mod N)` tool calls, so 1 to N, with N
+  `MAX_TOOL_CALLS` (3: 1, 2 or 3) unless the caller gives another most (the simulator's
+  `--tool-calls`).
 - While tools are offered (and `tool_choice` is not "none") and the conversation holds fewer
   tool results (messages with role "tool") than planned, the reply is exactly one tool call,
   finish_reason "tool_calls". `tool_choice` "required" or a named function forces a call whatever
@@ -27,6 +29,7 @@ from typing import Any
 from luftpause.fake_engine.tokens import CHARS_PER_TOKEN, content_text
 
 MAX_TOOL_CALLS = 3
+"""The most tool calls a conversation plans by default: the workload of "up to three tool calls"."""
 
 _FILLER_WORDS = (
     "the", "result", "shows", "that", "each", "step", "was", "checked", "against", "notes",
@@ -80,9 +83,11 @@ def first_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-def planned_tool_calls(messages: Sequence[Mapping[str, Any]]) -> int:
-    """How many tool calls this conversation makes when tools are offered: 1, 2 or 3."""
-    return 1 + int.from_bytes(_digest(first_user_text(messages))[:8], "big") % MAX_TOOL_CALLS
+def planned_tool_calls(messages: Sequence[Mapping[str, Any]], max_tool_calls: int = MAX_TOOL_CALLS) -> int:
+    """How many tool calls this conversation makes when tools are offered: 1 to `max_tool_calls`."""
+    if max_tool_calls < 1:
+        raise ValueError(f"a conversation plans at least one tool call, got a most of {max_tool_calls}")
+    return 1 + int.from_bytes(_digest(first_user_text(messages))[:8], "big") % max_tool_calls
 
 
 def tool_results(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -95,6 +100,7 @@ def compose_reply(
     tool_choice: Any,
     max_tokens: int | None,
     reply_tokens: int,
+    max_tool_calls: int = MAX_TOOL_CALLS,
 ) -> Reply:
     """The reply to `messages`; `tools` and `tool_choice` as in OpenAI's chat completions body."""
     conversation = json.dumps(list(messages), sort_keys=True, separators=(",", ":"), default=str)
@@ -106,7 +112,7 @@ def compose_reply(
             raise ReplyError(f"tool_choice names function '{named}', which is not among the offered tools")
         return _tool_call_reply(chosen[0], messages, conversation)
     if offered and tool_choice != "none":
-        if tool_choice == "required" or tool_results(messages) < planned_tool_calls(messages):
+        if tool_choice == "required" or tool_results(messages) < planned_tool_calls(messages, max_tool_calls):
             index = int.from_bytes(_digest(first_user_text(messages), str(tool_results(messages)))[:8], "big")
             return _tool_call_reply(offered[index % len(offered)], messages, conversation)
     return _text_reply(conversation, max_tokens, reply_tokens)

@@ -20,7 +20,7 @@ from luftpause.bench.sim.turns import SimTurn
 from luftpause.fake_engine.engine import ModelRequest
 from luftpause.fake_engine.prefix_cache import prompt_blocks, reply_block
 from luftpause.fake_engine.protocol import reply_message
-from luftpause.fake_engine.replies import compose_reply
+from luftpause.fake_engine.replies import MAX_TOOL_CALLS, compose_reply
 from luftpause.loadgen.conversation import MAX_TOKENS, TOOLS, first_messages, tool_result_message
 from luftpause.scheduler.state import ServiceClass
 
@@ -48,6 +48,8 @@ class AgentSpec:
     seed: int
     streamed: bool = True
     overheads: Overheads = Overheads()
+    max_tool_calls: int = MAX_TOOL_CALLS
+    """The most tool calls a run makes (the engine's reply rule plans 1 to this many)."""
 
 
 @dataclass
@@ -97,7 +99,9 @@ class Agent:
             self._new_run()
 
     def _send_turn(self) -> None:
-        reply = compose_reply(self._messages, TOOLS, None, MAX_TOKENS, self.reply_tokens)
+        reply = compose_reply(
+            self._messages, TOOLS, None, MAX_TOKENS, self.reply_tokens, self.spec.max_tool_calls
+        )
         blocks = prompt_blocks(self._messages, TOOLS)
         self._turns += 1
         turn_id = f"{self._run_id}-t{self._turns}"

@@ -49,6 +49,7 @@ from luftpause.bench.sim.turns import SimTurn
 from luftpause.config import DEFAULT_MODEL, LOOKAHEAD
 from luftpause.dataplane import headers
 from luftpause.dataplane.priority import Convention, priority_for
+from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.prefix_cache import Block
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.core import decide
@@ -80,6 +81,12 @@ class Arm(abc.ABC):
         self.order = [r.name for r in replicas]
         self.clock = clock
         self.in_flight: Counter[str] = Counter()
+
+    @classmethod
+    def engines(cls, params: EngineParams) -> EngineParams:
+        """The parameters of this arm's engines, from the scenario's: the same, unless the arm is
+        a configuration of the engines too (a peer that turns on their priority preemption)."""
+        return params
 
     @abc.abstractmethod
     def send(self, turn: SimTurn) -> None:

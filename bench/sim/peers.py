@@ -3,12 +3,23 @@
 - `router-plus-engine-priority`: the SGLang router's cache-aware policy (the `sglang-cache-aware`
   arm, unchanged) in front of engines started with `--enable-priority-scheduling`, the harness
   writing each turn's class into the request as its `priority`: 1 for interactive, 0 for batch.
+- `router-plus-engine-priority-preempt`: the same with SGLang's priority preemption doing what it
+  does when the batch is full: the harness marks only its interactive turns (priority 1) and
+  leaves batch ones unset, SGLang's worst value, so the gap is over the preemption threshold and
+  an interactive turn that does not fit preempts running batch turns.
 - `flow-control`: a gateway queue in the style of the Gateway API Inference Extension's flow
   control layer (the endpoint picker that llm-d builds on): turns wait at the gateway while
   every replica reads saturated, leave it by priority, then fairness across callers, then
   arrival, and go to the unsaturated replica that best matches their prefix.
+- `run-gate-fixed`: a gateway that caps the runs active on each replica at a fixed
+  `RUN_GATE_FIXED_CAP`: a run is active on a replica from its first turn's placement until it
+  ends; a new run's first turn waits while every replica is at the cap (interactive first, then
+  arrival) and goes to the replica with the fewest active runs; a placed run's later turns go
+  straight to its replica. Turns carry engine priority as `router-plus-engine-priority`'s do.
+  It is the ablation of a scheduler-side run gate: what a gate with one number, not chosen per
+  scenario, already gets.
 
-Both run against the same engine model as every other arm, priority scheduling on (`run`).
+All run against the same engine model as every other arm, priority scheduling on (`run`).
 
 What SGLang's priority scheduling does, from its sources (sgl-project/sglang, 2026:
 docs/advanced_features/server_arguments.md; python/sglang/srt/managers/schedule_policy.py
@@ -25,12 +36,19 @@ and scheduler.py), and what of it the engine model has:
   only those whose priority is worse than its own by more than
   `--priority-scheduling-preemption-threshold` (10 by default), and only if evicting them frees
   enough room; the evicted ones free their KV and go back to the queue to be computed again.
-  The model cannot preempt. With the values used here (a gap of 1) SGLang would not preempt
-  either, so for this configuration the model leaves nothing out. Priorities more than 10 apart,
-  or a harness that marks only its interactive turns (leaving batch at the worst value), would
-  make interactive turns preempt running batch ones: that configuration is not simulated. At
-  most it would save an interactive turn the time it waits at the head of an engine's queue for
-  memory to free, and it would cost batch turns their evicted work.
+  With the values of `router-plus-engine-priority` (a gap of 1) SGLang does not preempt, and
+  neither does the model. `router-plus-engine-priority-preempt` leaves batch unset, and its
+  engines model the preemption (`EngineParams.priority_preemption`, described in
+  `fake_engine.engine`): SGLang tries it for the queue's head once the running batch is full
+  (no slot, or the last admission ran out of memory), walks the running requests worst priority
+  first and, among equals, the latest to enter the queue first, takes them while each is worse
+  by more than the threshold until what they hold covers what the head needs, and preempts
+  them only if it does. A victim's KV is released without being inserted into the radix tree
+  (`release_req`: `is_insert=False`, to use the room at once), so its own prompt is not cached;
+  the prefix it had matched stays. It goes back to the waiting queue keeping its output ids,
+  and its next prefill recomputes input and output; what it loses is that KV and its place.
+  The model tries preemption as soon as the head does not fit rather than one scheduler
+  iteration later, and counts the room exactly rather than by SGLang's token estimates.
 
 What the flow control layer does, from the extension's documentation and sources
 (kubernetes-sigs/gateway-api-inference-extension: site-src/guides/flow-control.md,
@@ -81,13 +99,15 @@ round-robin fairness policy's README in llm-d/llm-d-inference-scheduler), and ho
 - Not modelled: request TTLs and the byte-capacity limits of the bands (nothing is rejected;
   `max_held_s` shows how long a turn waited) and any engine priority (this arm writes none).
 
-Neither arm keeps state per run: no affinity for a paused run beyond what prefix matching
-gives, no room kept for runs whose tool is running.
+The router and flow-control arms keep no state per run: no affinity for a paused run beyond
+what prefix matching gives, no room kept for runs whose tool is running. `run-gate-fixed` keeps
+each run on its replica and counts it there while its tool runs, which is what keeps room for it.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import sys
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -96,12 +116,23 @@ from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
 from luftpause.fake_engine.engine import EngineLoad
+from luftpause.fake_engine.params import EngineParams
 from luftpause.scheduler.state import ServiceClass
 
 # The priority the harness writes into each request for SGLang (higher goes first). Batch is
-# written too: a request without one gets SGLang's worst value, which would let interactive
-# turns preempt running batch turns, something the engine model cannot do.
+# written too: a request without one gets SGLang's worst value, which lets interactive turns
+# preempt running batch turns (the `-preempt` arm).
 ENGINE_PRIORITY = {ServiceClass.INTERACTIVE: 1, ServiceClass.BATCH: 0}
+
+# What SGLang gives a request that sets no priority, higher going first: the worst value there is.
+SGLANG_UNSET_PRIORITY = -sys.maxsize
+# The harness that marks only its interactive turns.
+INTERACTIVE_MARKED_ONLY = {ServiceClass.INTERACTIVE: 1, ServiceClass.BATCH: SGLANG_UNSET_PRIORITY}
+
+RUN_GATE_FIXED_CAP = 11
+"""Runs active on one replica at most, in `run-gate-fixed`: one fixed number, near the flood turns
+one calibrated replica's KV pool holds at once (about twelve, `EngineParams.kv_pool_tokens`). It
+is the ablation a scheduler-side run gate must beat without a number chosen per scenario."""
 
 # The InferenceObjective priority of each class at the gateway (higher goes first).
 OBJECTIVE_PRIORITY = {ServiceClass.INTERACTIVE: 1, ServiceClass.BATCH: 0}
@@ -119,10 +150,66 @@ KV_WEIGHT = 2.0
 
 class RouterPlusEnginePriority(CacheAware):
     name = "router-plus-engine-priority"
+    priorities = ENGINE_PRIORITY
+
+    def send(self, turn: SimTurn) -> None:
+        turn.request = replace(turn.request, priority=self.priorities[turn.service_class])
+        super().send(turn)
+
+
+class RouterPlusEnginePriorityPreempt(RouterPlusEnginePriority):
+    name = "router-plus-engine-priority-preempt"
+    priorities = INTERACTIVE_MARKED_ONLY
+
+    @classmethod
+    def engines(cls, params: EngineParams) -> EngineParams:
+        # SGLang's default with priority scheduling: preemption on, threshold 10.
+        return replace(params, priority_preemption=True)
+
+
+class RunGateFixed(Arm):
+    name = "run-gate-fixed"
+    cap = RUN_GATE_FIXED_CAP
+
+    def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
+        super().__init__(replicas, clock)
+        self.active: Counter[str] = Counter()
+        self._home: dict[str, str] = {}
+        # New runs' first turns waiting at the gateway, interactive ones first, each oldest first.
+        self._gate = {ServiceClass.INTERACTIVE: deque[SimTurn](), ServiceClass.BATCH: deque[SimTurn]()}
+        self.max_held_s = 0.0
+
+    @property
+    def held(self) -> int:
+        return sum(len(turns) for turns in self._gate.values())
 
     def send(self, turn: SimTurn) -> None:
         turn.request = replace(turn.request, priority=ENGINE_PRIORITY[turn.service_class])
-        super().send(turn)
+        home = self._home.get(turn.run_id)
+        if home is not None:
+            self._dispatch(turn, home)
+            return
+        self._gate[turn.service_class].append(turn)
+        self._open()
+
+    def run_ended(self, run_id: str) -> None:
+        home = self._home.pop(run_id, None)
+        if home is not None:
+            self.active[home] -= 1
+            self._open()
+
+    def _open(self) -> None:
+        """Places waiting first turns while some replica is under the cap."""
+        while turns := self._gate[ServiceClass.INTERACTIVE] or self._gate[ServiceClass.BATCH]:
+            # The fewest active runs; the first replica on a tie.
+            replica = min(self.order, key=lambda name: self.active[name])
+            if self.active[replica] >= self.cap:
+                return
+            turn = turns.popleft()
+            self.max_held_s = max(self.max_held_s, self.clock.now - turn.arrived_at)
+            self._home[turn.run_id] = replica
+            self.active[replica] += 1
+            self._dispatch(turn, replica)
 
 
 class FlowControl(Arm):
@@ -208,7 +295,10 @@ class FlowControl(Arm):
         self._dispatch(turn, choice)
 
 
-PEERS: dict[str, type[Arm]] = {arm.name: arm for arm in (RouterPlusEnginePriority, FlowControl)}
+PEERS: dict[str, type[Arm]] = {
+    arm.name: arm
+    for arm in (RouterPlusEnginePriority, RouterPlusEnginePriorityPreempt, FlowControl, RunGateFixed)
+}
 
 # `arms` imports this module once its own arms exist; the simulator and the CLI see one table.
 ARMS.update(PEERS)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from luftpause.bench.sim.clock import VirtualClock
-from luftpause.fake_engine.engine import Engine, EngineLoad, ModelRequest, Step
+from luftpause.fake_engine.engine import Engine, EngineLoad, EngineWork, ModelRequest, Step
 from luftpause.fake_engine.params import EngineParams
 
 
@@ -38,6 +38,9 @@ class SimReplica:
 
     def load(self) -> EngineLoad:
         return self.engine.load()
+
+    def work(self) -> EngineWork:
+        return self.engine.work()
 
     def _kick(self) -> None:
         if self._stepping or not self.engine.busy:

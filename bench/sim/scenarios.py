@@ -13,6 +13,8 @@
   between turns, on each tool call and between runs, added as fixed waits (`RUNTIME_OVERHEADS`).
 
 Tool calls take 2 s each, the fixed-latency mode of the fake MCP server used by benchmarks.
+`luftpause bench sim` can change a scenario's agents, contexts, tool calls and engines from its
+command line (`cli.KNOBS`); the named scenarios here stay what the records were made with.
 Agents start spread over the first 5 s (from the seed), as processes started together would.
 """
 
@@ -22,6 +24,7 @@ import random
 from dataclasses import dataclass, replace
 
 from luftpause.bench.sim.agents import AgentSpec, Overheads
+from luftpause.fake_engine.replies import MAX_TOOL_CALLS
 from luftpause.scheduler.state import ServiceClass
 
 TOOL_LATENCY_S = 2.0
@@ -49,6 +52,8 @@ class Scenario:
     """Whether turns are streamed (own-loop agents here and the runtime: yes; False models a
     client that reads each reply whole, whose first token the scheduler hears of as it ends)."""
     overheads: Overheads = Overheads()
+    max_tool_calls: int = MAX_TOOL_CALLS
+    """The most tool calls a run makes; each run makes 1 to this many (the fake engine's rule)."""
 
     def agents(self, seed: int) -> list[AgentSpec]:
         rng = random.Random(seed)
@@ -69,6 +74,7 @@ class Scenario:
                         seed=seed,
                         streamed=self.streamed,
                         overheads=self.overheads,
+                        max_tool_calls=self.max_tool_calls,
                     )
                 )
         return specs

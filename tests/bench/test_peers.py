@@ -41,7 +41,7 @@ def turn(name: str, cls: ServiceClass, caller: str, done: list[str], prompt: int
     )
 
 
-@pytest.mark.parametrize("arm", ["router-plus-engine-priority", "flow-control"])
+@pytest.mark.parametrize("arm", sorted(peers.PEERS))
 def test_each_peer_is_an_arm_and_completes_runs_of_both_classes(arm: str) -> None:
     assert arm in sim_arms.ARMS
     result = simulate(SMALL_FLOOD, arm, seed=2, params=SMALL_POOL)
@@ -58,9 +58,9 @@ def test_the_cli_runs_the_peers_by_name_and_by_default(
     ran: list[str] = []
     tiny = replace(SMALL_FLOOD, batch_agents=1, interactive_agents=1, warmup_s=1, window_s=5)
 
-    def named(scenario, arm: str, seed: int) -> sim_run.ArmResult:
+    def named(scenario, arm: str, seed: int, params=None) -> sim_run.ArmResult:
         ran.append(arm)
-        return simulate(tiny, arm, seed)
+        return simulate(tiny, arm, seed, params)
 
     monkeypatch.setattr(cli, "simulate", named)
     assert cli.main(["routing", "--no-record"]) == 0
@@ -173,3 +173,85 @@ def test_flow_control_sends_only_to_replicas_that_read_unsaturated_and_holds_not
     # The flood saturates both replicas: the gateway does hold turns, and lets bursts in.
     assert checks["scrapes_holding"] > 0
     assert checks["worst_excess"] > 0
+
+
+def test_the_preempting_peer_leaves_batch_unmarked_on_engines_that_preempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[EngineParams] = []
+    sent: list[tuple[ServiceClass, int]] = []
+
+    class Recording(SimReplica):
+        def __init__(self, name: str, params: EngineParams, clock: VirtualClock) -> None:
+            seen.append(params)
+            super().__init__(name, params, clock)
+
+        def submit(self, request, on_first_token, on_done) -> None:
+            sent.append(
+                (
+                    ServiceClass.INTERACTIVE if "interactive" in request.request_id else ServiceClass.BATCH,
+                    request.priority,
+                )
+            )
+            super().submit(request, on_first_token, on_done)
+
+    monkeypatch.setattr(sim_run, "SimReplica", Recording)
+    result = simulate(SMALL_FLOOD, "router-plus-engine-priority-preempt", seed=2, params=SMALL_POOL)
+    assert seen and all(
+        p.priority_scheduling and p.priority_preemption and p.preemption_threshold == 10 for p in seen
+    )
+    assert set(sent) == {(ServiceClass.INTERACTIVE, 1), (ServiceClass.BATCH, peers.SGLANG_UNSET_PRIORITY)}
+    # The flood fills the engines: interactive turns preempt running batch ones, which still finish.
+    assert result.preemptions > 0
+    assert result.interactive_runs_per_min > 0 and result.batch_runs_per_min > 0
+    # The peer it varies does not preempt: a gap of 1 is under the threshold, and its engines do not.
+    assert simulate(SMALL_FLOOD, "router-plus-engine-priority", seed=2, params=SMALL_POOL).preemptions == 0
+
+
+def test_the_fixed_run_gate_caps_active_runs_per_replica_and_lets_interactive_in_first() -> None:
+    clock = VirtualClock()
+    replicas = [SimReplica(n, EngineParams(priority_scheduling=True), clock) for n in ("fake-a", "fake-b")]
+    gate = peers.RunGateFixed(replicas, clock)
+    gate.cap = 2
+    done: list[str] = []
+    first = [turn(f"b{i}", ServiceClass.BATCH, "flood", done) for i in range(4)]
+    for t in first:
+        gate.send(t)
+    # New runs go to the replica with the fewest active runs, the first on a tie.
+    assert [t.replica for t in first] == ["fake-a", "fake-b", "fake-a", "fake-b"]
+    assert dict(gate.active) == {"fake-a": 2, "fake-b": 2}
+    late_batch = turn("b4", ServiceClass.BATCH, "flood", done)
+    late_interactive = turn("i0", ServiceClass.INTERACTIVE, "user", done)
+    gate.send(late_batch)
+    gate.send(late_interactive)
+    assert gate.held == 2 and late_interactive.replica is None
+    # A placed run's next turn goes straight to its replica, whatever the cap.
+    again = turn("b1-t2", ServiceClass.BATCH, "flood", done)
+    again.run_id = "b1"
+    gate.send(again)
+    assert again.replica == "fake-b" and again.request.priority == 0
+    clock.run_until(30)
+    assert gate.held == 2  # turns ending do not end runs
+    gate.run_ended("b1")
+    assert late_interactive.replica == "fake-b" and late_interactive.request.priority == 1
+    assert late_batch.replica is None and gate.held == 1
+    gate.run_ended("b0")
+    assert late_batch.replica == "fake-a" and gate.held == 0
+    assert max(gate.active.values()) <= 2
+
+
+def test_the_fixed_run_gate_never_has_more_than_its_cap_active_in_a_flood(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worst: list[int] = []
+
+    class Checked(peers.RunGateFixed):
+        def _dispatch(self, turn: SimTurn, replica: str, on_first_token=None) -> None:
+            super()._dispatch(turn, replica, on_first_token)
+            worst.append(max(self.active.values()))
+
+    monkeypatch.setitem(sim_arms.ARMS, "run-gate-fixed", Checked)
+    # The whole flood: 52 agents on two replicas, so the cap binds.
+    result = simulate(replace(SCENARIOS["flood"], warmup_s=20, window_s=60), "run-gate-fixed", seed=1)
+    assert result.interactive_runs_per_min > 0 and result.batch_runs_per_min > 0
+    assert max(worst) == peers.RUN_GATE_FIXED_CAP

@@ -10,7 +10,7 @@ import pytest
 from luftpause.bench.sim import arms as sim_arms
 from luftpause.bench.sim.agents import Overheads
 from luftpause.bench.sim.cli import main
-from luftpause.bench.sim.run import simulate
+from luftpause.bench.sim.run import ArmResult, simulate
 from luftpause.bench.sim.scenarios import RUNTIME_OVERHEADS, SCENARIOS, Scenario
 from luftpause.fake_engine.params import EngineParams
 
@@ -112,22 +112,36 @@ def test_several_seeds_print_each_table_then_the_medians_and_the_ratios(
     monkeypatch.setitem(cli.SCENARIOS, "flood", SMALL_FLOOD)
     monkeypatch.setattr(records, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(records.write, "__defaults__", (tmp_path,))
-    arms = "router-round-robin,sglang-cache-aware,luftpause,router-plus-engine-priority"
-    assert main(["flood", "--seeds", "1-2", "--arms", arms]) == 0
+    arms = "router-round-robin,sglang-cache-aware,luftpause,router-plus-engine-priority,run-gate-fixed"
+    assert main(["flood", "--seeds", "1-2", "--arms", arms, "--batch", "10"]) == 0
     out = capsys.readouterr().out
     assert "seed 1 (virtual time" in out and "seed 2 (virtual time" in out
-    assert "median (range) over the seeds" in out
+    assert "Simulated flood (--batch 10), seeds 1, 2: median (range) over the seeds" in out
+    assert "| continuation prefix hit | prefill share | engine s/run | tokens evicted |" in out
     assert "| best class-blind router arm of each seed |" in out
-    assert "| router-plus-engine-priority |" in out
+    assert "| router-plus-engine-priority |" in out and "needs >= 1.4x" in out
+    assert "| run-gate-fixed |" in out and "needs > 1x" in out
+    assert "| luftpause's interactive + batch against |" in out
+    assert "luftpause's continuation prefix hit:" in out and "needs >= 80%" in out
     assert "What bounds the ratio" in out
     written = sorted(p.suffix for p in tmp_path.iterdir())
     assert written[:2] == [".json", ".md"]
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
-    assert record["seeds"] == [1, 2]
-    assert {c["against"] for c in record["summary"]["comparisons"]} == {
+    assert record["seeds"] == [1, 2] and record["knobs"] == {"batch_agents": 10}
+    comparisons = record["summary"]["comparisons"]
+    assert {c["against"] for c in comparisons if "against" in c} == {
         "best class-blind router arm of each seed",
         "router-plus-engine-priority",
+        "run-gate-fixed",
     }
+    assert {c["total_against"] for c in comparisons if "total_against" in c} == {
+        "router-plus-engine-priority",
+        "run-gate-fixed",
+    }
+    [hit] = [c for c in comparisons if "continuation_prefix_hit" in c]
+    assert hit["target"] == 0.8 and len(hit["continuation_prefix_hit"]) == 2
+    medians = record["summary"]["medians"]["luftpause"]
+    assert {"continuation_prefix_hit", "prefill_share", "engine_s_per_run", "tokens_evicted"} <= set(medians)
 
 
 def test_a_bad_seed_list_is_refused_with_what_to_write(capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,3 +183,156 @@ def test_the_runtime_overheads_lengthen_each_run_by_what_they_add() -> None:
         SCENARIOS["flood"], name="mcp-flood", overheads=RUNTIME_OVERHEADS
     )
     assert SCENARIOS["mcp-flood"].streamed
+
+
+# flood, seed 1, as main gave it before the engine model counted anything and could preempt
+# (interactive, batch runs/min). Counting must not change a step, so these stay put; an arm whose
+# placement changes on purpose (the luftpause arms under the run gate) records its new figures.
+FLOOD_SEED_1 = {
+    "router-round-robin": (6.3, 85.3),
+    "sglang-cache-aware": (6.7, 84.0),
+    "sglang-sticky": (6.7, 84.0),
+    "luftpause": (10.7, 80.7),
+    "luftpause-free-moving": (10.3, 81.0),
+    "luftpause-no-engine-priority": (10.0, 81.3),
+    "luftpause-no-load-metrics": (9.7, 81.7),
+    "luftpause-no-load-metrics-uncapped": (6.7, 84.0),
+    "router-plus-engine-priority": (10.3, 80.7),
+    "flow-control": (8.3, 82.7),
+}
+
+
+@pytest.mark.parametrize("arm", sorted(FLOOD_SEED_1))
+def test_the_engine_models_counters_leave_every_arms_flood_figures_as_they_were(arm: str) -> None:
+    result = simulate(SCENARIOS["flood"], arm, seed=1)
+    assert (result.interactive_runs_per_min, result.batch_runs_per_min) == FLOOD_SEED_1[arm]
+
+
+def test_the_engine_models_eyes_see_the_flood_re_prefill_every_paused_run() -> None:
+    result = simulate(SCENARIOS["flood"], "sglang-cache-aware", seed=1)
+    # Each run's prefix is evicted during its 2 s tool call: no continuation turn finds its own.
+    assert result.continuation_prefix_hit == 0.0
+    assert result.tokens_evicted > 0
+    assert result.prefill_share is not None and 0.1 < result.prefill_share < 0.5
+    # Two engines busy nearly the whole window, over the runs that ended in it.
+    assert result.engine_s_per_run == pytest.approx(2 * 180 / result.runs, rel=0.05)
+    quiet = simulate(QUIET, "sglang-cache-aware", seed=1)
+    # Nothing is evicted: all but the tool result the turn just appended is found.
+    assert quiet.continuation_prefix_hit is not None and quiet.continuation_prefix_hit > 0.85
+    assert quiet.tokens_evicted == 0
+
+
+def test_knobs_change_the_named_scenario_and_go_into_the_title_and_the_record(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from luftpause.bench.sim import cli
+
+    seen: list[tuple[Scenario, EngineParams | None]] = []
+
+    def recording(scenario: Scenario, arm: str, seed: int, params: EngineParams | None = None):
+        seen.append((scenario, params))
+        return simulate(replace(scenario, warmup_s=5, window_s=20), arm, seed, params)
+
+    monkeypatch.setattr(cli, "simulate", recording)
+    argv = ["light", "--arms", "sglang-sticky", "--no-record", "--kv-pool-tokens", "16384", "--slots", "4"]
+    argv += [
+        "--tool-s",
+        "0.5",
+        "--tool-calls",
+        "1",
+        "--context-chars",
+        "900",
+        "--batch",
+        "3",
+        "--interactive",
+        "2",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Simulated light (--kv-pool-tokens 16384, --slots 4, --tool-s 0.5, --tool-calls 1, " in out
+    [(scenario, params)] = seen
+    assert scenario == replace(
+        SCENARIOS["light"],
+        tool_latency_s=0.5,
+        max_tool_calls=1,
+        context_chars=900,
+        batch_agents=3,
+        interactive_agents=2,
+    )
+    assert params == EngineParams(kv_pool_tokens=16384, slots=4)
+    assert main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["knobs"] == {
+        "kv_pool_tokens": 16384,
+        "slots": 4,
+        "tool_latency_s": 0.5,
+        "max_tool_calls": 1,
+        "context_chars": 900,
+        "batch_agents": 3,
+        "interactive_agents": 2,
+    }
+    # Without knobs the scenario is the named one and the engines the calibrated ones.
+    seen.clear()
+    assert main(["light", "--arms", "sglang-sticky", "--no-record"]) == 0
+    assert seen == [(SCENARIOS["light"], None)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slots", "-1"], "slots must be at least 0"),
+        (["--kv-pool-tokens", "0"], "the KV pool must be at least 1"),
+        (["--tool-calls", "0"], "the most tool calls must be at least 1"),
+        (["--tool-s", "-2"], "a tool call's latency must be at least 0"),
+        (["--tool-s", "inf"], "must be a finite number"),
+        (["--context-chars", "many"], "a context must be a whole number"),
+        (["--batch", "0", "--interactive", "0"], "no agents"),
+    ],
+)
+def test_bad_knobs_are_refused_with_what_was_wrong(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["flood", "--no-record", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_the_most_tool_calls_bounds_every_runs_calls() -> None:
+    one = simulate(replace(QUIET, max_tool_calls=1), "sglang-sticky", seed=1)
+    default = simulate(QUIET, "sglang-sticky", seed=1)
+    # One call a run: two turns a run, fewer than the default's 1 to 3 calls; so more runs a minute.
+    assert one.interactive_runs_per_min > default.interactive_runs_per_min
+
+
+def _result(name: str, interactive: float, batch: float, hit: float | None = 0.0) -> ArmResult:
+    return ArmResult(
+        name, interactive, 20.0, batch, 30.0, 0.1, 1.0, 1.0, 0.1, 0, 100, 0, hit, 0.2, 1.3, 1000, 0, 0.1
+    )
+
+
+def test_the_verdicts_ask_each_peer_for_its_own_ratio_the_fixed_gate_to_be_beaten_and_the_cache_to_hold() -> (
+    None
+):
+    from luftpause.bench.sim.cli import summary
+
+    arms = [
+        _result("sglang-cache-aware", 5.0, 80.0),
+        _result("luftpause", 14.0, 80.0, hit=0.85),
+        _result("router-plus-engine-priority", 10.0, 80.0),  # 1.4x: met
+        _result("router-plus-engine-priority-preempt", 10.1, 80.0),  # just short of 1.4x
+        _result("run-gate-fixed", 14.0, 80.0),  # a tie is not above it
+    ]
+    text, record = summary("flood", {1: arms, 2: arms})
+    verdicts = {c["against"]: c["met"] for c in record["comparisons"] if "against" in c}
+    assert verdicts["best class-blind router arm of each seed"] is True  # 2.8x
+    assert verdicts["router-plus-engine-priority"] is True
+    assert verdicts["router-plus-engine-priority-preempt"] is False
+    assert verdicts["run-gate-fixed"] is False
+    assert [c["met"] for c in record["comparisons"] if "continuation_prefix_hit" in c] == [True]
+    totals = {c["total_against"]: c["met"] for c in record["comparisons"] if "total_against" in c}
+    assert totals == {
+        "router-plus-engine-priority": True,
+        "router-plus-engine-priority-preempt": True,
+        "run-gate-fixed": False,
+    }
+    assert "median 85.0% (met: needs >= 80%)" in text

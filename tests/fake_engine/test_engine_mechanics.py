@@ -3,6 +3,8 @@ queue, the prefix cache and its eviction, step times, priorities, and parameter 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -219,6 +221,86 @@ def test_decode_steps_taken_together_end_where_single_steps_would() -> None:
     assert [f for s in jumps for f in s.finished] == one_by_one
     assert together.now == pytest.approx(single.now)
     assert len(jumps) == 2  # one jump to b's end, one to a's
+
+
+def test_the_engine_counts_its_busy_time_by_step_kind_its_evictions_and_each_admissions_hit() -> None:
+    engine = Engine(replace(PARAMS, kv_pool_tokens=1000))
+    admissions: list[tuple[str, int]] = []
+    engine.on_admit = lambda r, matched: admissions.append((r.request_id, matched))
+    shared = Block(b"shared", 100)
+    # a: 300 uncached tokens, a 0.31 s prefill (which writes its first token), two 12 ms decodes.
+    engine.submit(ModelRequest("a", (shared, Block(b"own-a", 200)), 3, 50))
+    assert run_until_idle(engine) == ["a"]
+    assert engine.cache.size == 300 and engine.work().tokens_evicted == 0
+    # b matches the shared block and needs 700 + 50 of the 700 free: a's own block (200) goes.
+    engine.submit(ModelRequest("b", (shared, Block(b"own-b", 700)), 1, 50))
+    assert run_until_idle(engine) == ["b"]
+    work = engine.work()
+    assert admissions == [("a", 0), ("b", 1)]
+    assert work.prefill_s == pytest.approx(0.31 + 0.71)
+    assert work.decode_s == pytest.approx(2 * 0.012)
+    assert work.busy_s == pytest.approx(engine.now)  # never idle in between
+    assert work.tokens_evicted == 200 and b"own-a" not in engine.cache
+
+
+PREEMPTING = replace(PARAMS, kv_pool_tokens=1000, priority_scheduling=True, priority_preemption=True)
+
+
+def test_a_head_that_does_not_fit_preempts_a_far_worse_running_request_which_is_computed_again() -> None:
+    engine = Engine(PREEMPTING)
+    # The batch request reserves 600 + 100 of 1000 tokens and decodes three of its 20 tokens.
+    engine.submit(request("batch", prompt=600, reply=20, max_tokens=100, priority=-100))
+    for _ in range(3):
+        engine.step()
+    assert engine.running["batch"].decoded == 3
+    # 300 + 50 do not fit beside it; the gap of 101 is over the threshold of 10.
+    engine.submit(request("interactive", prompt=300, reply=2, max_tokens=50, priority=1))
+    step = engine.step()
+    assert step is not None and step.preempted == ("batch",) and list(step.tokens) == ["interactive"]
+    assert engine.waiting.ids() == ["batch"] and engine.kv.reserved == 350
+    assert b"batch" not in engine.cache  # a preempted prompt is dropped, not cached
+    step = engine.step()  # the interactive request's last token; its prompt is cached
+    assert step is not None and step.finished == ("interactive",)
+    # Admitted again: its prefill recomputes its prompt and the three tokens it kept, writes the fourth.
+    step = engine.step()
+    assert step is not None and step.kind == "prefill" and step.tokens == {"batch": 4}
+    assert step.ended - step.started == pytest.approx(0.01 + 0.001 * (600 + 3))
+    assert run_until_idle(engine) == ["batch"]
+    # Nothing was decoded twice: the kept tokens were prefilled again, not written again.
+    assert engine.work().preempted == 1 and engine.load().generation_tokens_total == 2 + 20
+
+
+@pytest.mark.parametrize(
+    ("params", "batch_priority", "interactive_prompt"),
+    [
+        (PREEMPTING, -9, 300),  # a gap of 10 is not over the threshold
+        (replace(PREEMPTING, priority_preemption=False), -100, 300),
+        (PREEMPTING, -100, 600),  # 600 + 300 needed, 100 + 700 that preempting could free
+    ],
+)
+def test_preemption_needs_it_on_and_a_gap_over_the_threshold_and_enough_room(
+    params: EngineParams, batch_priority: int, interactive_prompt: int
+) -> None:
+    engine = Engine(params)
+    engine.submit(request("batch", prompt=600, reply=20, max_tokens=100, priority=batch_priority))
+    engine.submit(request("other", prompt=100, reply=20, max_tokens=100, priority=1))
+    engine.step()
+    engine.submit(request("interactive", prompt=interactive_prompt, reply=2, max_tokens=300, priority=1))
+    step = engine.step()
+    assert step is not None and step.preempted == () and step.kind == "decode"
+    assert engine.waiting.ids() == ["interactive"]
+
+
+def test_victims_are_the_worst_priority_first_then_the_newest_and_only_as_many_as_needed() -> None:
+    engine = Engine(replace(PREEMPTING, kv_pool_tokens=1200))
+    for rid, priority in (("old-low", -50), ("new-low", -50), ("lowest", -90)):
+        engine.submit(request(rid, prompt=300, reply=20, max_tokens=100, priority=priority))
+    engine.step()
+    assert len(engine.running) == 3  # 3 x 400 of 1200
+    engine.submit(request("interactive", prompt=700, reply=2, max_tokens=100, priority=1))
+    step = engine.step()
+    assert step is not None and step.preempted == ("lowest", "new-low")
+    assert set(engine.running) == {"old-low", "interactive"}
 
 
 def test_a_cancelled_request_leaves_the_queue_or_frees_its_slot() -> None:

@@ -96,6 +96,19 @@ def test_tool_call_counts_cover_one_two_and_three() -> None:
     assert counts == {1, 2, 3}
 
 
+def test_the_most_tool_calls_is_a_parameter_whose_default_is_three() -> None:
+    questions = [[{"role": "user", "content": f"question number {i}"}] for i in range(60)]
+    assert [planned_tool_calls(q) for q in questions] == [planned_tool_calls(q, 3) for q in questions]
+    assert {planned_tool_calls(q, 1) for q in questions} == {1}
+    assert {planned_tool_calls(q, 6) for q in questions} == {1, 2, 3, 4, 5, 6}
+    with pytest.raises(ValueError, match="at least one tool call"):
+        planned_tool_calls(questions[0], 0)
+    deep = questions[0]
+    while compose_reply(deep, TOOLS, None, None, 32, max_tool_calls=1).tool_call is not None:
+        deep = [*deep, {"role": "tool", "tool_call_id": "x", "content": "found"}]
+    assert len(deep) == 2  # one call, then the answer
+
+
 def test_the_same_conversation_gets_the_same_replies() -> None:
     first = run_conversation("Who wrote Dune?")
     second = run_conversation("Who wrote Dune?")
