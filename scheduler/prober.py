@@ -1,4 +1,4 @@
-"""The prober: reads each replica's health, engine load and KV capacity, and reports them as `ReplicaProbed` events.
+"""The prober: reads each replica's health, load and KV capacity, and reports them as `ReplicaProbed` events.
 
 Every probe period (2 s by default) each replica's `health_path` is fetched, and, for engines
 that report load, its Prometheus `/metrics`; each fetch gives up after the probe period too, so
@@ -77,7 +77,7 @@ def parse_load(text: str, metrics: str) -> tuple[int, int] | None:
 
 # How often a replica's KV capacity is read where that costs a request of its own. It changes only
 # when the engine restarts, which a probe mostly sees as the replica going unhealthy and coming
-# back (read again at once); the period catches a restart quicker than a probe.
+# back (read again at once); the period catches a restart too quick for the probes to see it down.
 KV_READ_PERIOD_S = 30.0
 
 # vLLM's info gauge for its cache config: labels only, the value is always 1.
