@@ -167,6 +167,9 @@ class Decide:
             route="decide",
             kind=pb.GENERATIVE if labelled else pb.SINGLE_PASS,
             scheduled_run_id="",
+            request_bytes=len(body),
+            # A labelled decision asks the engine for one token (`_score`).
+            max_tokens=1 if labelled else 0,
         )
 
         async def work(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:

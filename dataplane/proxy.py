@@ -131,6 +131,10 @@ class ProxiedTurn:
     # The client asked for a streamed reply: the engine's first token is then seen as it comes,
     # which is what tells the scheduler that the engine started the turn (admission.py).
     streamed: bool = False
+    # The body's size in bytes as received, and the reply limit it sets (0: none): what the
+    # scheduler's run gate sizes the turn by until its usage is known (AdmitRequest).
+    request_bytes: int = 0
+    max_tokens: int = 0
     # When the engine request went out (perf_counter), for the time to the first token.
     sent_at: float = 0.0
     # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
@@ -236,6 +240,8 @@ class Proxy:
             client_priority="priority" in payload,
             streamed=payload.get("stream") is True,
             echoed=echoed,
+            request_bytes=len(body),
+            max_tokens=requested_max_tokens(payload),
         )
 
         async def chat(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:
@@ -294,6 +300,8 @@ class Proxy:
                     kind=turn.kind,
                     traceparent=turn.traceparent,
                     echoed_tool_call_ids=turn.echoed,
+                    request_bytes=turn.request_bytes,
+                    max_tokens=turn.max_tokens,
                 ),
                 abandoned=client_left,
             )
@@ -650,6 +658,21 @@ class Answer:
     def _headers_for(self, upstream: EngineResponse) -> dict[str, str]:
         passed = {name: upstream.headers[name] for name in _PASSED_HEADERS if name in upstream.headers}
         return {**passed, **self.headers}
+
+
+# The most an int64 field of the scheduler's messages holds.
+_INT64_MAX = 2**63 - 1
+
+
+def requested_max_tokens(payload: dict[str, Any]) -> int:
+    """The reply limit a chat body sets: `max_completion_tokens` (OpenAI's newer name, which
+    engines take over `max_tokens` when both are sent) or `max_tokens`; 0 when neither is a whole
+    number above zero. The engine still gets the body as sent: this only tells the scheduler."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, _INT64_MAX)
+    return 0
 
 
 def _read_turn_body(body: bytes) -> tuple[dict[str, Any], str]:

@@ -7,7 +7,10 @@ The scheduler's prober reads these exactly as it reads a real engine's, so the n
   `sglang:cache_hit_rate` (gauges), `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`;
 - vllm: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
   (gauges), `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
-  `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`.
+  `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, and the info gauge
+  `vllm:cache_config_info`, whose `num_gpu_blocks` times `block_size` is the KV pool's size.
+
+(SGLang states its pool's size in `GET /get_server_info` instead: `server.py`.)
 
 Each app gets its own registry so that several engines can live in one process (as in tests).
 """
@@ -23,6 +26,8 @@ from luftpause.fake_engine.realtime import RealtimeEngine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FLAVOURS = ("sglang", "vllm")
+# vLLM's default KV block: the pool is stated in blocks of this many tokens.
+VLLM_BLOCK_SIZE = 16
 
 
 class EngineCollector:
@@ -84,6 +89,23 @@ class EngineCollector:
             counter = CounterMetricFamily(name, documentation, labels=["model_name"])
             counter.add_metric([self._model], value)
             yield counter
+        if self._flavour == "vllm":
+            yield self._vllm_cache_config()
+
+    def _vllm_cache_config(self) -> Metric:
+        """vLLM's cache config as it states it: an info gauge of value 1 whose labels say it (the
+        pool rounded down to whole blocks, as vLLM allocates it)."""
+        labels = {
+            "block_size": str(VLLM_BLOCK_SIZE),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "True",
+            "num_gpu_blocks": str(self._engine.params.kv_pool_tokens // VLLM_BLOCK_SIZE),
+        }
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(labels)
+        )
+        info.add_metric(list(labels.values()), 1.0)
+        return info
 
 
 def metrics_registry(engine: RealtimeEngine, model: str, flavour: str = "sglang") -> CollectorRegistry:

@@ -2,13 +2,14 @@
 
 Routes: `POST /v1/chat/completions` (JSON or SSE), `POST /classify` and `/v1/classify` (vLLM's
 single-pass shape), `GET /v1/models`, `GET /health`, `GET /metrics` (SGLang's or vLLM's names,
-per instance), and what
-the SGLang router asks of a worker: `GET /server_info`, `GET /model_info` (also under their older
-`/get_` names) and `GET /get_load`. Every chat response object carries the replica name as
-`system_fingerprint`, which is how tests and benchmarks see which replica served a turn. What the
-engine says comes from `replies`, how long it takes from the engine model (`engine`, driven by
-`realtime`); this module only translates. A stream sends `chunk_tokens` tokens per chunk, so that
-a flood of streams measures the scheduler rather than our own JSON encoding.
+per instance), and what the SGLang router asks of a worker: `GET /server_info`, `GET /model_info`
+(also under their older `/get_` names) and `GET /get_load`; the scheduler's prober reads the KV
+pool's size from `/get_server_info` as from SGLang's (`max_total_num_tokens`). Every chat
+response object carries the replica name as `system_fingerprint`, which is how tests and
+benchmarks see which replica served a turn. What the engine says comes from `replies`, how long
+it takes from the engine model (`engine`, driven by `realtime`); this module only translates. A
+stream sends `chunk_tokens` tokens per chunk, so that a flood of streams measures the scheduler
+rather than our own JSON encoding.
 """
 
 from __future__ import annotations

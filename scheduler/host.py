@@ -403,8 +403,9 @@ def _admit_attributes(turn_id: str, run_id: str) -> dict[str, str | float | bool
 
 
 def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
-    """What an admission and a turn in a resync say alike about a turn, as the core's fields."""
-    return {
+    """What an admission and a turn in a resync say alike about a turn, as the core's fields; an
+    admission also its size, which a turn in a resync does not carry."""
+    fields: dict[str, Any] = {
         "turn_id": message.turn_id,
         "run_id": message.run_id,
         "service_class": _CLASSES.get(message.service_class, ServiceClass.INTERACTIVE),
@@ -412,6 +413,11 @@ def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
         "model": message.model,
         "kind": _KINDS.get(message.kind, Kind.GENERATIVE),
     }
+    if isinstance(message, pb.AdmitRequest):
+        # 0 on the wire is "not sent" (an older dataplane, or a body without max_tokens).
+        fields["request_bytes"] = max(0, message.request_bytes)
+        fields["max_tokens"] = message.max_tokens if message.max_tokens > 0 else None
+    return fields
 
 
 def dataplane_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:

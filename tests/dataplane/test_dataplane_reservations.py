@@ -25,10 +25,13 @@ from luftpause.scheduler.actions import Action
 from luftpause.scheduler.host import SchedulerHost, SchedulerService
 
 
-async def _whole_turn(client: SchedulerClient, turn_id: str, run_id: str) -> pb.AdmitReply:
+async def _whole_turn(
+    client: SchedulerClient, turn_id: str, run_id: str, request: pb.AdmitRequest | None = None
+) -> pb.AdmitReply:
     """Admitted (or sent on a reservation), booked, started, first token, completed: as the proxy reports it."""
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    reply = await asyncio.wait_for(client.admit(_request(turn_id, run_id), never), timeout=5)
+    request = request or _request(turn_id, run_id)
+    reply = await asyncio.wait_for(client.admit(request, never), timeout=5)
     assert reply is not None and reply.outcome == pb.AdmitReply.PLACED
     client.placed(PlacedTurn(turn_id, run_id, reply.replica, pb.INTERACTIVE, "c", "fake-llama"))
     client.started(turn_id, run_id, streamed=True)
@@ -97,3 +100,41 @@ async def test_a_turn_held_behind_reservations_is_placed_when_they_are_given_bac
         assert reply is not None and reply.outcome == pb.AdmitReply.PLACED
         assert [t.turn_id for t in host.state.placed()] == ["t2"]
         assert host.state.waiting_ours(reply.replica) == 1
+
+
+async def test_the_scheduler_learns_each_turns_size_whether_it_asked_or_went_on_a_reservation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    host = SchedulerHost(_config(tmp_path))
+    server, port = await _serve(SchedulerService(host))
+    client = await _client(port)
+    arrived: list[tuple[str, ev.TurnArrived]] = []
+    feed = host.feed
+
+    def feed_and_note(event: ev.Event) -> tuple[Action, ...]:
+        if isinstance(event, ev.TurnArrived):
+            arrived.append(("admitted", event))
+        elif isinstance(event, ev.ReservationUsed):
+            arrived.append(("reserved", event.turn))
+        return feed(event)
+
+    monkeypatch.setattr(host, "feed", feed_and_note)
+    try:
+        sized = _request("t1", "r")
+        sized.request_bytes, sized.max_tokens = 2300, 256
+        await _whole_turn(client, "t1", "r", sized)
+        await until(
+            lambda: host.state.reservations and not host.state.placed(), what="a reservation, t1 done"
+        )
+        # The run's next turn goes on the reservation: its use carries the admission's fields.
+        unlimited = _request("t2", "r")
+        unlimited.request_bytes = 4100
+        await _whole_turn(client, "t2", "r", unlimited)
+        await until(lambda: len(arrived) == 2, what="t2's reservation reported used")
+    finally:
+        await client.close()
+        await server.stop(grace=None)
+    assert [(how, a.turn_id, a.request_bytes, a.max_tokens) for how, a in arrived] == [
+        ("admitted", "t1", 2300, 256),
+        ("reserved", "t2", 4100, None),
+    ]

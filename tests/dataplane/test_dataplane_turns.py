@@ -282,3 +282,36 @@ async def test_models_health_and_unknown_routes(stack: Stack):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert missing.status_code == 404 and "message" in missing.json()["error"]
     assert json.loads(missing.content)  # a JSON error body, not HTML
+
+
+async def test_the_admission_carries_the_bodys_size_and_reply_limit(stack: Stack):
+    stack.engine.behaviour = answers_json(completion())
+    bodies = [
+        json.dumps({**BODY, "max_tokens": 256}).encode(),
+        # OpenAI's newer name, which engines take over max_tokens when both are sent.
+        json.dumps({**BODY, "max_tokens": 256, "max_completion_tokens": 512}).encode(),
+        json.dumps(BODY).encode(),
+        # Not a count the scheduler can use: as if none was set.
+        json.dumps({**BODY, "max_tokens": -1}).encode(),
+        json.dumps({**BODY, "max_tokens": 12.5}).encode(),
+        json.dumps(
+            {**BODY, "max_tokens": True, "messages": [{"role": "user", "content": "h\u00e9 " * 50}]}
+        ).encode(),
+    ]
+    async with httpx.AsyncClient() as client:
+        for raw in bodies:
+            r = await client.post(
+                f"{stack.url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 200
+    sizes = [(a.request_bytes, a.max_tokens) for a in stack.scheduler.admits]
+    assert sizes == [(len(b), m) for b, m in zip(bodies, [256, 512, 0, 0, 0, 0], strict=True)]
+
+
+async def test_a_labelled_decision_is_admitted_with_its_bodys_size_and_one_token(stack: Stack):
+    stack.engine.behaviour = answers_json(completion("urgent"))
+    raw = json.dumps({"model": MODEL, "input": "the server is down", "labels": ["urgent", "chat"]}).encode()
+    async with httpx.AsyncClient() as client:
+        await client.post(f"{stack.url}/v1/decide", content=raw, headers={"content-type": "application/json"})
+    (admit,) = stack.scheduler.admits
+    assert (admit.request_bytes, admit.max_tokens) == (len(raw), 1)

@@ -1,13 +1,36 @@
-"""The prober: engine load read from each family's metric names, and health from the health path."""
+"""The prober: engine load read from each family's metric names, health from the health path, and
+the engine's KV capacity from where each family states it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
 import httpx
 import pytest
+import uvicorn
+from support import free_port, until
 
 from luftpause import config
+from luftpause.fake_engine.params import EngineParams
+from luftpause.fake_engine.server import create_app
 from luftpause.scheduler.events import ReplicaProbed
-from luftpause.scheduler.prober import parse_load, probe
+from luftpause.scheduler.prober import (
+    KV_READ_PERIOD_S,
+    KvReadTimer,
+    llamacpp_props_kv_tokens,
+    llamacpp_slots_kv_tokens,
+    parse_load,
+    parse_vllm_kv_tokens,
+    probe,
+    run_prober,
+    sglang_kv_tokens,
+)
 
 SGLANG_PAGE = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -118,3 +141,236 @@ async def test_hosted_endpoint_gets_its_api_key_as_a_bearer(monkeypatch: pytest.
     monkeypatch.setenv("POD_KEY", "sekrit")
     _, seen = await _probe(_replica(metrics="none", api_key_env="POD_KEY"), lambda r: httpx.Response(200))
     assert seen[0].headers["authorization"] == "Bearer sekrit"
+
+
+# -- KV capacity --
+
+
+@contextlib.asynccontextmanager
+async def _fake_engine(flavour: str, kv_pool_tokens: int) -> AsyncIterator[str]:
+    """The project's fake engine on a loopback port, in this test's loop; yields its URL."""
+    app = create_app(
+        name="fake-kv", params=EngineParams(kv_pool_tokens=kv_pool_tokens), metrics_flavour=flavour
+    )
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        await until(lambda: server.started or task.done(), 10.0, "the fake engine to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10.0)
+
+
+async def _probe_url(url: str, read_kv: bool, **kw: Any) -> ReplicaProbed:
+    replica = config.Replica(name="e", url=url, models=["m"], **kw)
+    async with httpx.AsyncClient() as client:
+        return await probe(client, replica, 2.0, lambda: 42.0, read_kv=read_kv)
+
+
+async def test_an_sglang_engine_states_its_kv_pool_in_its_server_info():
+    async with _fake_engine("sglang", kv_pool_tokens=12345) as url:
+        read = await _probe_url(url, read_kv=True, metrics="sglang")
+        not_due = await _probe_url(url, read_kv=False, metrics="sglang")
+    assert (read.healthy, read.running, read.waiting, read.kv_tokens) == (True, 0, 0, 12345)
+    # Between reads the probe asks for health and load only: no reading, the last one stands.
+    assert (not_due.running, not_due.kv_tokens) == (0, None)
+
+
+async def test_a_vllm_engine_states_its_kv_pool_on_every_metrics_page():
+    async with _fake_engine("vllm", kv_pool_tokens=20000) as url:
+        result = await _probe_url(url, read_kv=False, metrics="vllm")
+    # 1250 blocks of 16 tokens.
+    assert (result.running, result.waiting, result.kv_tokens) == (0, 0, 20000)
+
+
+async def test_a_replica_whose_config_sets_kv_tokens_is_not_asked():
+    async with _fake_engine("sglang", kv_pool_tokens=12345) as url:
+        sglang = await _probe_url(url, read_kv=True, metrics="sglang", kv_tokens=5000)
+    async with _fake_engine("vllm", kv_pool_tokens=20000) as url:
+        vllm = await _probe_url(url, read_kv=True, metrics="vllm", kv_tokens=5000)
+    # The core takes the config's figure (ReplicaSpec.kv_tokens); the probe has none to add.
+    assert sglang.kv_tokens is None and vllm.kv_tokens is None
+    assert sglang.running == vllm.running == 0
+
+
+@contextlib.contextmanager
+def _llamacpp(answers: dict[str, tuple[int, Any]]) -> Iterator[str]:
+    """A llama-server stand-in on loopback answering GETs of `answers`' paths with (status, JSON)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            status, payload = answers.get(self.path, (404, {"error": "not found"}))
+            body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+LLAMACPP_METRICS = (200, "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
+# What llama-server -c 8192 -np 4 answers: each slot its quarter of the context.
+LLAMACPP_SLOTS = [{"id": i, "n_ctx": 2048, "is_processing": i == 0, "params": {}} for i in range(4)]
+LLAMACPP_PROPS = {"default_generation_settings": {"n_ctx": 2048, "params": {}}, "total_slots": 4}
+
+
+async def test_a_llamacpp_server_states_its_kv_as_its_slots_contexts():
+    answers = {
+        "/health": (200, {"status": "ok"}),
+        "/metrics": LLAMACPP_METRICS,
+        "/slots": (200, LLAMACPP_SLOTS),
+    }
+    with _llamacpp(answers) as url:
+        result = await _probe_url(url, read_kv=True, metrics="llamacpp")
+    assert (result.running, result.waiting, result.kv_tokens) == (1, 0, 8192)
+
+
+async def test_a_llamacpp_server_without_its_slots_endpoint_is_read_from_its_props():
+    no_slots = (501, {"error": {"code": 501, "message": "This server does not support slots endpoint."}})
+    answers = {"/health": (200, {"status": "ok"}), "/metrics": LLAMACPP_METRICS, "/slots": no_slots}
+    with _llamacpp({**answers, "/props": (200, LLAMACPP_PROPS)}) as url:
+        result = await _probe_url(url, read_kv=True, metrics="llamacpp")
+    assert result.kv_tokens == 8192
+    with _llamacpp(answers) as url:
+        neither = await _probe_url(url, read_kv=True, metrics="llamacpp")
+    assert (neither.healthy, neither.running, neither.kv_tokens) == (True, 1, None)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>not json</html>"),
+        httpx.Response(200, json={"max_total_num_tokens": "32768"}),
+        httpx.Response(200, json={"max_total_num_tokens": 0}),
+        httpx.Response(200, json={"max_total_num_tokens": True}),
+        httpx.Response(200, json=[1, 2, 3]),
+        httpx.Response(404, json={"max_total_num_tokens": 32768}),
+    ],
+    ids=["not-json", "a-string", "zero", "a-bool", "a-list", "not-200"],
+)
+async def test_a_malformed_server_info_gives_no_reading_and_leaves_the_probe_whole(answer: httpx.Response):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_server_info":
+            return answer
+        return httpx.Response(200, text=SGLANG_PAGE if request.url.path == "/metrics" else "ok")
+
+    replica = _replica()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        result = await probe(client, replica, 2.0, lambda: 42.0, read_kv=True)
+    assert result == ReplicaProbed("e", True, 5, 4, 42.0, sent_at=42.0, kv_tokens=None)
+
+
+async def test_a_server_info_read_that_fails_gives_no_reading():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_server_info":
+            raise httpx.ReadTimeout("took too long", request=request)
+        return httpx.Response(200, text=SGLANG_PAGE if request.url.path == "/metrics" else "ok")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        result = await probe(client, _replica(), 2.0, lambda: 42.0, read_kv=True)
+    assert (result.healthy, result.running, result.kv_tokens) == (True, 5, None)
+
+
+async def test_routers_and_engines_without_metrics_are_not_asked_for_their_kv():
+    for replica in (
+        _replica(metrics="none", health_path="/v1/models"),
+        _replica(load_from=["a", "b"]),
+        _replica(metrics="llamacpp", load_from=["a"]),
+    ):
+        result, seen = await _probe(replica, lambda r: httpx.Response(200, json={"max_total_num_tokens": 1}))
+        assert result.kv_tokens is None
+        assert {r.url.path for r in seen} <= {"/health", "/v1/models"}
+
+
+def test_sglang_kv_at_the_top_or_summed_over_its_ranks_internal_states():
+    assert sglang_kv_tokens({"max_total_num_tokens": 65536, "max_running_requests": 48}) == 65536
+    nested = {"internal_states": [{"max_total_num_tokens": 40000}, {"max_total_num_tokens": 40000}]}
+    assert sglang_kv_tokens(nested) == 80000
+    # Internal states that do not say it leave the top level's figure.
+    assert sglang_kv_tokens({"max_total_num_tokens": 100, "internal_states": [{"load": 3}]}) == 100
+    assert sglang_kv_tokens({"internal_states": []}) is None
+    assert sglang_kv_tokens({"internal_states": "?"}) is None
+
+
+def test_vllm_kv_is_blocks_times_block_size_summed_over_engines():
+    one = 'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048",prefix_caching_hash_algo="sha256"} 1.0\n'
+    assert parse_vllm_kv_tokens("# HELP x\n" + one) == 32768
+    two = one + one.replace("{", '{engine="1",')
+    assert parse_vllm_kv_tokens(two) == 65536
+    assert parse_vllm_kv_tokens(one.replace('num_gpu_blocks="2048"', 'num_gpu_blocks="None"')) is None
+    assert parse_vllm_kv_tokens(one.replace('block_size="16",', "")) is None
+    assert parse_vllm_kv_tokens('vllm:num_requests_running{model_name="m"} 7\n') is None
+
+
+def test_llamacpp_answers_of_another_shape_give_no_reading():
+    assert llamacpp_slots_kv_tokens([]) is None
+    assert llamacpp_slots_kv_tokens([{"id": 0, "n_ctx": 2048}, {"id": 1}]) is None
+    assert llamacpp_slots_kv_tokens({"n_ctx": 2048}) is None
+    assert llamacpp_props_kv_tokens({"total_slots": 4}) is None
+    assert (
+        llamacpp_props_kv_tokens({"total_slots": 0, "default_generation_settings": {"n_ctx": 2048}}) is None
+    )
+
+
+def test_kv_is_read_at_the_first_healthy_probe_then_every_period_and_when_it_comes_back():
+    timer = KvReadTimer()
+    assert timer.due("a", 0.0)
+    timer.probed("a", healthy=False, now=0.0, read=True)  # down: nothing read
+    assert timer.due("a", 2.0)
+    timer.probed("a", healthy=True, now=2.0, read=True)
+    assert not timer.due("a", 4.0)
+    timer.probed("a", healthy=True, now=4.0, read=False)
+    assert not timer.due("a", 2.0 + KV_READ_PERIOD_S - 0.1)
+    assert timer.due("a", 2.0 + KV_READ_PERIOD_S)
+    timer.probed("a", healthy=False, now=10.0, read=False)
+    assert timer.due("a", 12.0)  # back from unhealthy: read at once
+
+
+class _Stop(Exception):
+    pass
+
+
+async def test_the_prober_asks_an_sglang_engine_for_its_kv_only_every_so_often():
+    # Rounds every 10 s on a clock the test moves: reads at 0 s, 30 s and 60 s, and at 80 s, the
+    # first round after the replica was down at 70 s.
+    now = [0.0]
+    down_at = {70.0}
+    info_reads: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(503 if now[0] in down_at else 200)
+        if request.url.path == "/get_server_info":
+            info_reads.append(now[0])
+            return httpx.Response(200, json={"max_total_num_tokens": 4096})
+        return httpx.Response(200, text=SGLANG_PAGE)
+
+    seen: list[tuple[float, bool, int | None]] = []
+
+    def emit(result: ReplicaProbed) -> None:
+        seen.append((now[0], result.healthy, result.kv_tokens))
+        if now[0] >= 90.0:
+            raise _Stop
+        now[0] += 10.0
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(_Stop):
+            await run_prober([_replica()], 10.0, emit, lambda: now[0], client)
+    assert info_reads == [0.0, 30.0, 60.0, 80.0]
+    assert [t for t, _, kv in seen if kv == 4096] == info_reads
+    assert (70.0, False, None) in seen
