@@ -37,6 +37,9 @@ OPERATOR_TOKEN_ENV = "LUFTPAUSE_OPERATOR_TOKEN"
 # Turns of ours that may wait in one engine's own queue at once, unless a replica says otherwise
 # (the rule is scheduler/admission.py's).
 LOOKAHEAD = 2
+# The fewest runs of a size an engine's KV pool must keep warm for the run gate to hold runs of
+# that size there (the rule is scheduler/gate.py's).
+GATE_MIN_RUNS = 10
 # The dataplane's default bound on a request body: 16 MiB.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -81,6 +84,12 @@ class Replica(_Strict):
     # run only where the runs it holds plus the new one fit (scheduler/gate.py); unset and not
     # readable from the engine, that gate is off for this replica.
     kv_tokens: int | None = Field(default=None, ge=1)
+    # The gate holds runs only where this pool keeps at least this many of their size warm; below
+    # that, holding them through their tools idles the engine more than their prefixes save.
+    # The default is where that crossed over in the engine model (README, "How a turn is
+    # admitted"); an engine whose decode batch is cheaper to shrink may take a lower number.
+    # 0 turns the gate off for this replica.
+    gate_min_runs: int = Field(default=GATE_MIN_RUNS, ge=0, le=1000)
 
     @model_validator(mode="before")
     @classmethod

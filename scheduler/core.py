@@ -269,6 +269,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
             lookahead=spec.lookahead,
             kv_tokens=spec.kv_tokens,
             kv_configured=spec.kv_tokens is not None,
+            gate_min_runs=spec.gate_min_runs,
         )
         old = tx.replicas.get(spec.name)
         if old is not None:
@@ -513,7 +514,7 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
     }
     for r in e.runs:
         if r.run_id not in runs:
-            runs[r.run_id] = Run(
+            run = Run(
                 r.run_id,
                 r.service_class,
                 r.caller,
@@ -524,7 +525,11 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
                 if r.phase is _PAUSED
                 else None,
                 e.dataplane,
-                hold_until=_hold_until(tx, r.replica or None, r.caller, e.at) if r.phase is _PAUSED else None,
+            )
+            # Its size is not in the view (0 until its next usage report); a paused one keeps
+            # its place for its caller's keep time, as if it had just paused.
+            runs[r.run_id] = (
+                run._replace(hold_until=_hold_until(tx, run, e.at)) if r.phase is _PAUSED else run
             )
     # Held turns are ours alone (their dataplanes wait on them here); placed ones are their dataplane's word.
     turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane}
@@ -791,7 +796,7 @@ def _end_turn(
         phase = lifecycle.phase_after_turn(paused_on_tool, others_running=turn.run_id in tx.run_placed)
         paused = phase is _PAUSED
         kept_until = at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if paused else None
-        hold_until = _hold_until(tx, run.replica, run.caller, at) if paused else None
+        hold_until = _hold_until(tx, run, at) if paused else None
         ended = run.turn_ended(phase, at if touch else run.last_activity, kept_until, hold_until)
         # A caller whose tools take longer than a place is kept for lets go at once.
         _set_run(tx, run.run_id, ended.let_go() if hold_until is not None and hold_until <= at else ended)
@@ -800,13 +805,13 @@ def _end_turn(
     return turn
 
 
-def _hold_until(tx: _Tx, replica: str | None, caller: str, at: float) -> float | None:
-    """Until when a run of `caller` paused at `at` keeps its place on `replica`; None where the
-    replica's pool is unknown (no gate there: it keeps its place, as without one)."""
-    known = tx.replicas.get(replica) if replica is not None else None
-    if known is None or known.kv_tokens is None:
+def _hold_until(tx: _Tx, run: Run, at: float) -> float | None:
+    """Until when `run`, paused at `at`, keeps its place on its replica; None where the gate is off
+    there for a run of its size (`gate.gated`): it keeps its place, as without the gate."""
+    known = tx.replicas.get(run.replica) if run.replica is not None else None
+    if known is None or not gate.gated(known, run.working_set):
         return None
-    return at + gate.hold_for(tx.pause_samples.get(caller, ()))
+    return at + gate.hold_for(tx.pause_samples.get(run.caller, ()))
 
 
 def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
@@ -1066,9 +1071,7 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     best_load = 0
     for name in names:
         if name in room:
-            if size is not None and not gate.fits(
-                tx.replicas[name], tx.held_kv.get(name, 0), tx.held_runs.get(name, 0), size
-            ):
+            if size is not None and not gate.fits(tx.replicas[name], tx.held_kv.get(name, 0), size):
                 continue
             load = tx.in_flight_by_replica.get(name, 0)
             if best is None or load < best_load:

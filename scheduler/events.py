@@ -30,6 +30,8 @@ class ReplicaSpec:
     # Tokens of KV memory its engine has, as configured (`kv_tokens`); None: as its probes read it,
     # or unknown (the run gate is then off for it: see `gate.py`).
     kv_tokens: int | None = None
+    # The fewest runs of a size its pool must keep warm for the gate to hold them (gate.py).
+    gate_min_runs: int = _config.GATE_MIN_RUNS
 
     @classmethod
     def from_config(cls, replica: _config.Replica) -> ReplicaSpec:
@@ -42,6 +44,7 @@ class ReplicaSpec:
             load_from=tuple(replica.load_from),
             lookahead=replica.lookahead,
             kv_tokens=replica.kv_tokens,
+            gate_min_runs=replica.gate_min_runs,
         )
 
 

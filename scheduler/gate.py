@@ -19,9 +19,12 @@ as before, within the lookahead: it is never made to wait for room. A new run, o
 time ran out (it comes back as a new run, and may re-prefill), is placed only on a replica where
 the held working sets plus its own fit the pool less a headroom (`fits`); otherwise it waits, in
 the drain's order (interactive first, then the caller with fewest turns in flight, then
-arrival), until a run ends, lets go of its place, or shrinks. A replica that holds no run takes
-any run (the engine decides what fits), so the gate never leaves an engine idle beside a waiting
-run. Batch cannot take room that a paused interactive run holds: that room is counted as held.
+arrival), until a run ends, lets go of its place, or shrinks. The gate holds runs only where the
+pool keeps at least `GATE_MIN_RUNS` of their size warm (`gated`; a replica's `gate_min_runs`): with fewer, keeping them through
+their tools leaves the engine too small a batch to be worth the prefill it saves, so such runs
+are placed and pinned as without the gate. So an empty replica always has room, and the gate
+never leaves an engine idle beside a waiting run. Batch cannot take room that a paused
+interactive run holds: that room is counted as held.
 
 The pool is the engine's own word (read by the prober: SGLang's `max_total_num_tokens`, vLLM's
 blocks times block size, llama.cpp's slots times their context) or the config's `kv_tokens`.
@@ -48,6 +51,7 @@ is asked, and the status page reads the same functions.
 
 from __future__ import annotations
 
+from luftpause import config
 from luftpause.scheduler.state import Replica
 
 # Share of a replica's KV pool that held working sets may not take: the estimate's error (a
@@ -68,6 +72,9 @@ HOLD_SAMPLES = 32
 HOLD_PERCENTILE = 0.9
 HOLD_SLACK = 1.25
 HOLD_MAX_S = 5.0
+# The fewest runs of a size a pool must keep warm for the gate to hold runs of that size there,
+# unless a replica's config says otherwise (`gate_min_runs`).
+GATE_MIN_RUNS = config.GATE_MIN_RUNS
 
 
 def capacity(replica: Replica) -> int | None:
@@ -77,11 +84,25 @@ def capacity(replica: Replica) -> int | None:
     return int(replica.kv_tokens * (1.0 - KV_HEADROOM))
 
 
-def fits(replica: Replica, held_tokens: int, held_runs: int, working_set: int) -> bool:
-    """Whether a run of `working_set` tokens may be placed on `replica`, which holds `held_runs`
-    runs of `held_tokens` in all. An empty replica takes any run; an unknown pool, every run."""
+def gated(replica: Replica, working_set: int) -> bool:
+    """Whether the gate admits runs of `working_set` tokens on `replica`: its pool is known and
+    keeps at least `GATE_MIN_RUNS` of them warm. Where it keeps fewer, holding them idle through
+    their tools costs the engine more batch than their prefixes save (see the module docstring):
+    such runs are placed and pinned as without the gate."""
     limit = capacity(replica)
-    return limit is None or held_runs == 0 or held_tokens + working_set <= limit
+    need = replica.gate_min_runs
+    return limit is not None and need > 0 and limit >= need * max(working_set, 1)
+
+
+def fits(replica: Replica, held_tokens: int, working_set: int) -> bool:
+    """Whether a run of `working_set` tokens may be placed on `replica`, whose held runs' working
+    sets come to `held_tokens`. Where the gate is off for such a run (`gated`), every run fits;
+    where it is on, an empty replica has room for ten of it, so the gate never idles an engine."""
+    if not gated(replica, working_set):
+        return True
+    limit = capacity(replica)
+    assert limit is not None  # `gated` says it is known
+    return held_tokens + working_set <= limit
 
 
 def reply_reserve(max_tokens: int | None) -> int:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from immutables import Map
 
 from luftpause import lifecycle
-from luftpause.config import LOOKAHEAD
+from luftpause.config import GATE_MIN_RUNS, LOOKAHEAD
 from luftpause.lifecycle import Phase as Phase  # re-exported: the scheduler imports it from here
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 
@@ -79,6 +79,8 @@ class Replica:
     # and the run gate is off for this replica.
     kv_tokens: int | None = None
     kv_configured: bool = False
+    # The fewest runs of a size its pool must keep warm for the gate to hold them (gate.py).
+    gate_min_runs: int = GATE_MIN_RUNS
 
 
 class Run(NamedTuple):

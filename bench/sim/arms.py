@@ -14,12 +14,15 @@
 - `sglang-sticky`: the router's sticky sessions (manual policy, routing key = run id): a key's
   first request goes to the worker with the fewest requests in flight, the rest follow it.
 - `luftpause`: the scheduler's own `decide`, fed what the dataplane, the prober and the clock
-  would feed it: the pool, a probe of each replica's engine load every 2 s, a tick every 1 s,
-  each turn's arrival, start, first token and completion (with its tool-call ids), and the end
-  of each run. A held turn waits until an action places it.
+  would feed it: the pool, a probe of each replica's engine load (and its KV pool, as SGLang's
+  /get_server_info says it) every 2 s, a tick every 1 s, each turn's arrival (with its body's
+  size and max_tokens), start, first token and completion (with its usage and tool-call ids),
+  and the end of each run. A held turn waits until an action places it.
 - `luftpause-no-run-gate`: the same on replicas whose KV pool nobody told it (an engine whose
   probe cannot read it, no `kv_tokens` in the config): turns are admitted by the lookahead alone
   and paused runs keep their replica however long their tools take, as before the run gate.
+- `luftpause-gate-always`: the gate holding runs however few of them the pool keeps warm
+  (`gate_min_runs = 1`): the ablation that shows where holding them stops paying.
 - `luftpause-no-engine-priority`: the same on engines that are not told priorities (llama.cpp,
   or an SGLang replica not declared `engine_priority`): luftpause's own queue is all the
   reordering there is.
@@ -46,7 +49,7 @@ from luftpause.bench.sglang_router import BALANCE_ABS_THRESHOLD, BALANCE_REL_THR
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
-from luftpause.config import DEFAULT_MODEL, LOOKAHEAD
+from luftpause.config import DEFAULT_MODEL, GATE_MIN_RUNS, LOOKAHEAD
 from luftpause.dataplane import headers
 from luftpause.dataplane.priority import Convention, priority_for
 from luftpause.fake_engine.params import EngineParams
@@ -205,6 +208,8 @@ class Luftpause(Arm):
     # Whether its probes read the engine's KV pool (SGLang's /get_server_info does): the run gate
     # is on only where they do.
     reads_kv = True
+    # The gate's fewest runs a pool must keep warm (None: the default, config.GATE_MIN_RUNS).
+    gate_min_runs: int | None = None
 
     def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
         super().__init__(replicas, clock)
@@ -220,6 +225,7 @@ class Luftpause(Arm):
                 models=(DEFAULT_MODEL,),
                 reports_load=self.reports_load,
                 lookahead=LOOKAHEAD if self.lookahead is None else self.lookahead,
+                gate_min_runs=GATE_MIN_RUNS if self.gate_min_runs is None else self.gate_min_runs,
             )
             for name in self.order
         )
@@ -314,6 +320,11 @@ class LuftpauseNoRunGate(Luftpause):
     reads_kv = False
 
 
+class LuftpauseGateAlways(Luftpause):
+    name = "luftpause-gate-always"
+    gate_min_runs = 1
+
+
 class LuftpauseFreeMoving(Luftpause):
     name = "luftpause-free-moving"
     strict_affinity = False
@@ -345,6 +356,7 @@ ARMS: dict[str, type[Arm]] = {
         Sticky,
         Luftpause,
         LuftpauseNoRunGate,
+        LuftpauseGateAlways,
         LuftpauseFreeMoving,
         LuftpauseNoEnginePriority,
         LuftpauseNoLoadMetrics,

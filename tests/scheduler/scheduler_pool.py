@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from luftpause.config import LOOKAHEAD
+from luftpause.config import GATE_MIN_RUNS, LOOKAHEAD
 from luftpause.scheduler.actions import Action, Place, Refuse
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.events import (
@@ -30,12 +30,14 @@ def spec(
     load_from: tuple[str, ...] = (),
     lookahead: int = LOOKAHEAD,
     kv_tokens: int | None = None,
+    gate_min_runs: int = GATE_MIN_RUNS,
 ) -> ReplicaSpec:
     """A replica serving `models` (default "m"); `lookahead` 0 takes any number of our turns;
-    `kv_tokens`: its KV pool as configured (None: as its probes say)."""
+    `kv_tokens`: its KV pool as configured (None: as its probes say); `gate_min_runs` 0: no gate."""
     return ReplicaSpec(
-        name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead, kv_tokens
-    )
+        name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead, kv_tokens,
+        gate_min_runs,
+    )  # fmt: skip
 
 
 class Pool:

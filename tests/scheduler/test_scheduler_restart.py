@@ -127,7 +127,10 @@ def _last(pattern: str, text: str) -> tuple[int, int]:
 
 def test_a_scheduler_killed_mid_run_loses_no_turn_and_keeps_every_run_on_its_replica(tmp_path: Path):
     ports = Ports()
-    path = write_config(tmp_path, ports)
+    # The agents wait on their tools for as long as the test needs; with the run gate on, a run
+    # paused past its keep time lets go of its replica (tests/scheduler/test_gate.py). What is
+    # checked here is that a restart keeps every run where it was, so the gate is off.
+    path = write_config(tmp_path, ports, replica_extra="gate_min_runs = 0")
     engines = [
         Service(
             name,
