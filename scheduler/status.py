@@ -12,7 +12,8 @@ set, whether a replica holds it and what is left of its keep time. `GET /` is a 
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
 runtime's own GET /status (which sends the CORS headers that allow it), running runs first and
-with a filter; above the tables, a chart of held turns and the oldest held wait per class over
+with a filter, and for each running run its working set and whether a replica holds it (with its
+keep time left), from GET /status/runs/{handle}; above the tables, a chart of held turns and the oldest held wait per class over
 the last 3 minutes, which the host samples every second (`HeldHistory`, `held_history` in the
 document). With `LUFTPAUSE_TOKEN` set the documents
 (and /metrics) need the token: the page asks for it when it meets a 401, keeps it in the tab's
