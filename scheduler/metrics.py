@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from luftpause.scheduler import admission
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
-from luftpause.scheduler.status import per_replica, waiting_for_room
+from luftpause.scheduler.status import per_replica, runs_of, waiting_for_room
 
 # How many callers keep their own label value in the held-turns gauge (those with most held).
 CALLERS_SHOWN = 10
@@ -203,7 +203,7 @@ class SchedulerCollector(Collector):
             labels=["class"],
         )
         for c, turns in waiting_for_room(state, held).items():
-            waiting.add_metric([str(c)], len({t.run_id for t in turns}))
+            waiting.add_metric([str(c)], runs_of(turns))
         yield from (pool, held_kv, held_runs, waiting)
 
 

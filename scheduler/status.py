@@ -113,10 +113,15 @@ def waiting_for_room(state: State, held: list[Turn]) -> dict[ServiceClass, list[
     return waiting
 
 
+def runs_of(turns: list[Turn]) -> int:
+    """How many runs `turns` belong to: a run waiting for room counts once, whatever its turns."""
+    return len({t.run_id for t in turns})
+
+
 def _waiting_summary(turns: list[Turn], now: float) -> dict[str, Any]:
     summary = _held_summary(turns, now)
     return {
-        "runs": len({t.run_id for t in turns}),
+        "runs": runs_of(turns),
         "turns": summary["count"],
         "oldest_wait_s": summary["oldest_wait_s"],
     }
