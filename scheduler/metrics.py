@@ -1,8 +1,9 @@
 """The scheduler's Prometheus metrics, served at `GET /metrics` on its status port.
 
 Everything that mirrors the state (turns held by class and caller and the oldest wait, each
-replica's admission limit, turns in flight, reservations and health, runs by class and phase,
-dataplane streams) is computed at scrape time from the host's current state by a custom
+replica's admission limit, turns in flight, reservations and health, its KV pool and the runs
+it holds with their working sets, the runs waiting for room, runs by class and phase, dataplane
+streams) is computed at scrape time from the host's current state by a custom
 collector, so a decision costs nothing more for being watched. The counters (decisions by
 action, resyncs, probe failures per replica) are plain integers the host keeps (`HostCounts`)
 and this collector reads.
@@ -26,8 +27,8 @@ from prometheus_client.registry import Collector
 
 from luftpause.scheduler import admission
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
-from luftpause.scheduler.state import Phase, ServiceClass, State
-from luftpause.scheduler.status import per_replica
+from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
+from luftpause.scheduler.status import per_replica, runs_of, waiting_for_room
 
 # How many callers keep their own label value in the held-turns gauge (those with most held).
 CALLERS_SHOWN = 10
@@ -75,8 +76,10 @@ class SchedulerCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         state, now = self.current(), self.clock()
-        yield from self._held(state, now)
+        held = state.held()
+        yield from self._held(held, now)
         yield from self._replicas(state)
+        yield from self._gate(state, held)
         runs = GaugeMetricFamily(
             "luftpause_scheduler_runs",
             "Runs the scheduler knows, by class and phase.",
@@ -104,8 +107,7 @@ class SchedulerCollector(Collector):
             value=self.streams(),
         )
 
-    def _held(self, state: State, now: float) -> Iterable[Metric]:
-        held = state.held()
+    def _held(self, held: list[Turn], now: float) -> Iterable[Metric]:
         per_caller = Counter(t.caller for t in held)
         shown = {caller for caller, _ in per_caller.most_common(CALLERS_SHOWN)}
         counts: Counter[tuple[str, str]] = Counter()
@@ -170,6 +172,39 @@ class SchedulerCollector(Collector):
             healthy.add_metric([r.name], 1.0 if r.healthy else 0.0)
             failures.add_metric([r.name], self.counts.probe_failures[r.name])
         yield from (in_flight, limit, reserved, healthy, failures)
+
+    def _gate(self, state: State, held: list[Turn]) -> Iterable[Metric]:
+        """The run gate (gate.py): each replica's KV pool and the runs it holds, and the runs
+        waiting to be admitted."""
+        pool = GaugeMetricFamily(
+            "luftpause_scheduler_replica_kv_tokens",
+            "Tokens of KV memory each replica's engine has, as configured or read from the engine "
+            "(only replicas where it is known: elsewhere the run gate is off).",
+            labels=["replica"],
+        )
+        held_kv = GaugeMetricFamily(
+            "luftpause_scheduler_replica_held_kv_tokens",
+            "The working sets of the runs each replica holds (generating, or paused within their keep time).",
+            labels=["replica"],
+        )
+        held_runs = GaugeMetricFamily(
+            "luftpause_scheduler_replica_held_runs",
+            "Runs each replica holds (generating, or paused within their keep time).",
+            labels=["replica"],
+        )
+        for r in state.replicas_in_order():
+            if r.kv_tokens is not None:
+                pool.add_metric([r.name], r.kv_tokens)
+            held_kv.add_metric([r.name], state.held_kv.get(r.name, 0))
+            held_runs.add_metric([r.name], state.held_runs.get(r.name, 0))
+        waiting = GaugeMetricFamily(
+            "luftpause_scheduler_runs_waiting_for_room",
+            "Runs waiting to be admitted, by class: their turns are held and no replica holds them yet.",
+            labels=["class"],
+        )
+        for c, turns in waiting_for_room(state, held).items():
+            waiting.add_metric([str(c)], runs_of(turns))
+        yield from (pool, held_kv, held_runs, waiting)
 
 
 def registry_of(collector: SchedulerCollector) -> Callable[[], bytes]:

@@ -2,13 +2,18 @@
 
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
 limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
-running and waiting counts; the turns held here by class and by caller with the oldest wait; and
-the runs by phase, by class and by caller; each dataplane connected (its name, Turns streams
-open, resyncs and what the last one carried). `GET /status/runs/{run_id}` answers for one run. `GET /` is a page (status.html)
+running and waiting counts, and for the run gate (gate.py) its KV pool, what held runs may take
+of it and the runs it holds with their working sets; the turns held here by class and by caller
+with the oldest wait, and of them the runs waiting to be admitted (no replica holds them yet);
+the runs by phase, by class and by caller; the gate's constants, each model's learnt tokens per
+byte and each caller's keep time; each dataplane connected (its name, Turns streams open, resyncs
+and what the last one carried). `GET /status/runs/{run_id}` answers for one run, with its working
+set, whether a replica holds it and what is left of its keep time. `GET /` is a page (status.html)
 polling /status every 2 s; opened as `/?runtime=http://host:7000` it also shows that runtime's run
 tree with each run's own work and its subtree's totals, fetched by the browser from the
 runtime's own GET /status (which sends the CORS headers that allow it), running runs first and
-with a filter; above the tables, a chart of held turns and the oldest held wait per class over
+with a filter, and for each running run its working set and whether a replica holds it (with its
+keep time left), from GET /status/runs/{handle}; above the tables, a chart of held turns and the oldest held wait per class over
 the last 3 minutes, which the host samples every second (`HeldHistory`, `held_history` in the
 document). With `LUFTPAUSE_TOKEN` set the documents
 (and /metrics) need the token: the page asks for it when it meets a 401, keeps it in the tab's
@@ -31,8 +36,8 @@ from starlette.exceptions import HTTPException
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.errors import error_body
-from luftpause.scheduler import admission
-from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
+from luftpause.scheduler import admission, gate
+from luftpause.scheduler.state import Kind, Phase, Replica, Run, ServiceClass, State, Turn
 
 
 def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
@@ -87,6 +92,73 @@ def per_replica(state: State) -> tuple[dict[str, int], dict[str, int]]:
     return in_flight, reserved
 
 
+def is_held(run: Run) -> bool:
+    """Whether a replica holds `run` (see gate.py): it is pinned there, generating or paused within
+    its keep time. A new run, or one let go when its keep time ran out, is held nowhere. The rule
+    the core's indexes (`State.held_kv`, `State.held_runs`) count by, read here for the status
+    document and the metrics."""
+    return run.replica is not None and run.phase is not Phase.IDLE
+
+
+def waiting_for_room(state: State, held: list[Turn]) -> dict[ServiceClass, list[Turn]]:
+    """Per class, the held generative turns (of `held`, the state's held turns) of runs that no
+    replica holds: runs waiting to be admitted, placed only where the gate finds them room. The
+    status document and the metrics both count so."""
+    waiting: dict[ServiceClass, list[Turn]] = {c: [] for c in ServiceClass}
+    for t in held:
+        if t.kind is Kind.GENERATIVE and t.run_id:
+            run = state.runs.get(t.run_id)
+            if run is None or not is_held(run):
+                waiting[t.service_class].append(t)
+    return waiting
+
+
+def runs_of(turns: list[Turn]) -> int:
+    """How many runs `turns` belong to: a run waiting for room counts once, whatever its turns."""
+    return len({t.run_id for t in turns})
+
+
+def _waiting_summary(turns: list[Turn], now: float) -> dict[str, Any]:
+    summary = _held_summary(turns, now)
+    return {
+        "runs": runs_of(turns),
+        "turns": summary["count"],
+        "oldest_wait_s": summary["oldest_wait_s"],
+    }
+
+
+def _kv_source(replica: Replica) -> str | None:
+    if replica.kv_tokens is None:
+        return None
+    return "config" if replica.kv_configured else "engine"
+
+
+def keep_s(run: Run, now: float) -> float | None:
+    """Seconds left of a paused run's keep time on its replica; None when it has none (generating,
+    let go, idle, or on a replica whose pool is unknown)."""
+    if run.hold_until is None:
+        return None
+    return round(max(run.hold_until - now, 0.0), 3)
+
+
+def _gate_document(state: State) -> dict[str, Any]:
+    return {
+        # Share of each pool held runs may not take, and the longest a paused run keeps its place.
+        "kv_headroom": gate.KV_HEADROOM,
+        "hold_max_s": gate.HOLD_MAX_S,
+        # Per model, the tokens its requests carry per byte as learnt from usage (models not
+        # listed use the default).
+        "tokens_per_byte_default": gate.TOKENS_PER_BYTE,
+        "tokens_per_byte": {m: round(v, 4) for m, v in sorted(state.tokens_per_byte.items())},
+        # Per caller with pauses on tools seen, how long its paused runs keep their place (0: they
+        # let go at once); callers not listed keep hold_max_s.
+        "keep_s": {
+            caller: round(gate.hold_for(samples), 3)
+            for caller, samples in sorted(state.pause_samples.items())
+        },
+    }
+
+
 def status_document(state: State, now: float) -> dict[str, Any]:
     """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
     in_flight, reserved = per_replica(state)
@@ -113,11 +185,20 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "paused_interactive": state.paused_interactive(r.name),
             # Room set aside for dataplanes while nothing is held (counted in waiting_ours).
             "reserved": reserved.get(r.name, 0),
+            # The run gate (gate.py): the KV pool in tokens and where it was read (None: unknown,
+            # and the gate is off here), what held runs may take of it, and the runs it holds.
+            "kv_tokens": r.kv_tokens,
+            "kv_source": _kv_source(r),
+            "gate": "off" if gate.capacity(r) is None else "on",
+            "kv_capacity": gate.capacity(r),
+            "held_runs": state.held_runs.get(r.name, 0),
+            "held_kv_tokens": state.held_kv.get(r.name, 0),
         }
         for r in state.replicas_in_order()
     ]
 
     held = sorted(state.held(), key=lambda t: t.seq)
+    waiting = waiting_for_room(state, held)
     by_caller: dict[str, list[Turn]] = {}
     for t in held:
         by_caller.setdefault(t.caller, []).append(t)
@@ -134,6 +215,11 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "by_class": _held_by_class(held, now),
             "by_caller": {caller: _held_summary(ts, now) for caller, ts in sorted(by_caller.items())},
         },
+        # Runs waiting to be admitted: their turns are held and no replica holds them yet.
+        "waiting_for_room": {
+            **_waiting_summary([t for ts in waiting.values() for t in ts], now),
+            "by_class": {str(c): _waiting_summary(ts, now) for c, ts in waiting.items()},
+        },
         "runs": {
             "count": len(runs),
             "by_phase": {str(p): sum(1 for r in runs if r.phase is p) for p in Phase},
@@ -141,6 +227,7 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             # Runs per caller: how fairness sees who is asking (x-luftpause-caller; "" is anonymous).
             "by_caller": dict(sorted(Counter(r.caller for r in runs).items())),
         },
+        "gate": _gate_document(state),
     }
 
 
@@ -156,6 +243,11 @@ def run_document(state: State, run_id: str, now: float) -> dict[str, Any] | None
         "class": str(run.service_class),
         "caller": run.caller,
         "idle_s": round(max(now - run.last_activity, 0.0), 3),
+        # The KV tokens it needs to stay warm (see gate.py); whether a replica holds it (pinned
+        # there) or it is let go, and the seconds left of its keep time while paused.
+        "working_set": run.working_set,
+        "held": is_held(run),
+        "keep_s": keep_s(run, now),
     }
 
 

@@ -4,6 +4,8 @@ A real scheduler process with one replica (an engine stand-in whose health and l
 sets) is driven over gRPC the way a dataplane drives it: a turn placed, one held behind the
 engine's queue, a reservation granted, a resync, a replica gone unhealthy. Each shows in the
 families the exposition carries, and a scrape without the token is answered 401 when one is set.
+The run gate's families: a replica with a configured KV pool holds one run and a second waits for
+room until the first ends (a scheduler process), and the same read from states the core reached.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import grpc
 import httpx
 import pytest
 from immutables import Map
+from scheduler_pool import Pool, spec
 from support import Ports, Service, running, sample, scrape, until, write_config
 from test_scheduler_process import MODEL, EngineStandIn
 from turns_stream import TurnsStream
 
 from luftpause.proto import pb, rpc
+from luftpause.scheduler.gate import KV_HEADROOM, REPLY_RESERVE_DEFAULT
 from luftpause.scheduler.metrics import CALLERS_SHOWN, HostCounts, SchedulerCollector
 from luftpause.scheduler.state import Kind, Replica, ServiceClass, State, Turn
 
@@ -161,3 +165,90 @@ def test_with_a_token_a_scrape_without_it_is_answered_401(tmp_path: Path):
             )
             == 0
         )
+
+
+def _families(state: State) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+    """Each family's samples by label set, as one scrape of `state` gives them."""
+    collector = SchedulerCollector(lambda: state, lambda: 0.0, HostCounts(), lambda: 0)
+    return {m.name: {frozenset(s.labels.items()): s.value for s in m.samples} for m in collector.collect()}
+
+
+def _by(
+    families: dict[str, dict[frozenset[tuple[str, str]], float]], name: str, label: str
+) -> dict[str, float]:
+    """One family's values by its one label."""
+    return {dict(labels)[label]: v for labels, v in families[name].items()}
+
+
+def test_the_gate_families_show_each_pool_the_runs_it_holds_and_the_runs_waiting_for_room():
+    # a's pool holds r1 and r2 (4000 tokens each with their reply reserves), not a third; b's is unknown.
+    pool = Pool(spec("a", kv_tokens=10000), spec("b"))
+    pool.probe("b", healthy=False)
+    pool.arrive("t1", run_id="r1", request_bytes=0, max_tokens=4000)
+    pool.arrive("t2", run_id="r2", request_bytes=0, max_tokens=4000)
+    pool.first_token("t1", "t2")  # a's engine started both: only the gate holds the next back
+    pool.arrive("t3", run_id="r3", request_bytes=0, max_tokens=4000)
+    pool.arrive("t4", run_id="r4", cls="batch", request_bytes=0, max_tokens=4000)
+    assert pool.held() == ["t3", "t4"]
+    families = _families(pool.state)
+    assert _by(families, "luftpause_scheduler_replica_kv_tokens", "replica") == {"a": 10000}, "b's is unknown"
+    assert _by(families, "luftpause_scheduler_replica_held_kv_tokens", "replica") == {"a": 8000, "b": 0}
+    assert _by(families, "luftpause_scheduler_replica_held_runs", "replica") == {"a": 2, "b": 0}
+    waiting = _by(families, "luftpause_scheduler_runs_waiting_for_room", "class")
+    assert waiting == {"interactive": 1, "batch": 1}
+    # r1 ends: a holds r2 alone, and r3 (interactive, first) takes the room.
+    pool.complete("t1")
+    families = _families(pool.state)
+    assert _by(families, "luftpause_scheduler_runs_waiting_for_room", "class") == {
+        "interactive": 0,
+        "batch": 1,
+    }
+    assert _by(families, "luftpause_scheduler_replica_held_runs", "replica") == {"a": 2, "b": 0}
+
+
+async def test_a_scrape_shows_the_pool_configured_the_run_it_holds_and_the_one_waiting_for_room(
+    tmp_path: Path,
+):
+    engine = EngineStandIn()
+    ports = Ports(engines=[engine.port])
+    # Room for one run of a default reply reserve (4096 tokens) beside none other.
+    kv_tokens = int(1.5 * REPLY_RESERVE_DEFAULT / (1 - KV_HEADROOM))
+    path = write_config(tmp_path, ports, replica_extra=f"kv_tokens = {kv_tokens}")
+    service = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log").start()
+    url = f"http://127.0.0.1:{ports.status}"
+    try:
+        with running(service):
+            service.wait_http(f"{url}/status")
+            async with (
+                grpc.aio.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel,
+                TurnsStream(channel) as turns,
+            ):
+                first = await turns.admit(pb.AdmitRequest(turn_id="g-t1", run_id="g-r1", model=MODEL))
+                assert first.outcome == pb.AdmitReply.PLACED
+                second = await turns.admit_later(pb.AdmitRequest(turn_id="g-t2", run_id="g-r2", model=MODEL))
+                await until(lambda: httpx.get(f"{url}/status").json()["held"]["count"] == 1, what="g-t2 held")
+                held = scrape(url)
+                assert sample(held, "luftpause_scheduler_replica_kv_tokens", replica="fake-a") == kv_tokens
+                assert sample(held, "luftpause_scheduler_replica_held_kv_tokens", replica="fake-a") == (
+                    REPLY_RESERVE_DEFAULT
+                )
+                assert sample(held, "luftpause_scheduler_replica_held_runs", replica="fake-a") == 1
+                assert (
+                    sample(held, "luftpause_scheduler_runs_waiting_for_room", **{"class": "interactive"}) == 1
+                )
+                assert sample(held, "luftpause_scheduler_runs_waiting_for_room", **{"class": "batch"}) == 0
+                # g-r1's turn ends with no tool call: a holds nothing, and g-r2 takes the room.
+                await turns.report(
+                    pb.TurnEvent(
+                        turn_id="g-t1", run_id="g-r1", completed=pb.TurnCompleted(finish_reason="stop")
+                    )
+                )
+                assert (await second).outcome == pb.AdmitReply.PLACED
+                after = scrape(url)
+                assert (
+                    sample(after, "luftpause_scheduler_runs_waiting_for_room", **{"class": "interactive"})
+                    == 0
+                )
+                assert sample(after, "luftpause_scheduler_replica_held_runs", replica="fake-a") == 1
+    finally:
+        engine.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 from scheduler_pool import Pool, spec
 
+from luftpause.scheduler.gate import HOLD_MAX_S, KV_HEADROOM, REPLY_RESERVE_DEFAULT, TOKENS_PER_BYTE
 from luftpause.scheduler.status import HeldHistory, build_app, run_document, status_document
 
 
@@ -48,6 +49,13 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "waiting": 1,
             "paused_interactive": 0,
             "reserved": 0,
+            "kv_tokens": None,
+            "kv_source": None,
+            "gate": "off",
+            "kv_capacity": None,
+            # r0 and r1 generate there; the gate is off, but a replica still holds its runs.
+            "held_runs": 2,
+            "held_kv_tokens": 2 * REPLY_RESERVE_DEFAULT,
         },
         {
             "name": "b",
@@ -66,6 +74,12 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "waiting": None,
             "paused_interactive": 0,
             "reserved": 0,
+            "kv_tokens": None,
+            "kv_source": None,
+            "gate": "off",
+            "kv_capacity": None,
+            "held_runs": 0,
+            "held_kv_tokens": 0,
         },
         {
             "name": "hosted",
@@ -84,6 +98,12 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "waiting": None,
             "paused_interactive": 0,
             "reserved": 0,
+            "kv_tokens": None,
+            "kv_source": None,
+            "gate": "off",
+            "kv_capacity": None,
+            "held_runs": 1,
+            "held_kv_tokens": REPLY_RESERVE_DEFAULT,
         },
     ]
 
@@ -149,6 +169,9 @@ def test_one_run():
         "class": "interactive",
         "caller": "alice",
         "idle_s": 7.5,
+        "working_set": REPLY_RESERVE_DEFAULT,
+        "held": True,
+        "keep_s": None,
     }
     assert run_document(pool.state, "nope", now=7.5) is None
 
@@ -190,3 +213,110 @@ def test_the_held_history_keeps_each_class_for_the_last_minutes_oldest_first():
     assert samples[0]["batch"] == {"held": 1, "oldest_wait_s": 0.0}
     assert samples[1]["interactive"] == {"held": 1, "oldest_wait_s": 200.0}
     assert samples[1]["batch"] == {"held": 1, "oldest_wait_s": 100.0}
+
+
+def _gated_pool() -> Pool:
+    """Replica a with a configured pool of 10000 tokens (9000 for held runs), b down: r1 and r2
+    are held on a, r1 paused on a tool, and r3 (6000 tokens) waits for room."""
+    pool = Pool(spec("a", kv_tokens=10000), spec("b"))
+    pool.probe("b", healthy=False)
+    pool.arrive("t1", run_id="r1", caller="alice", request_bytes=4000, max_tokens=1000)  # 1000 + 1000
+    pool.arrive("t2", run_id="r2", caller="alice", request_bytes=8000, max_tokens=2000)  # 2000 + 2000
+    pool.arrive("t3", run_id="r3", caller="bob", cls="batch", request_bytes=20000, max_tokens=1000)
+    pool.first_token("t1", "t2")
+    pool.wait(2)
+    pool.complete("t1", tool_calls=True, prompt_tokens=1200, completion_tokens=100)  # 1200 + 100 + 1000
+    pool.wait(1)
+    return pool
+
+
+def _gate_fields(replica: dict) -> dict:
+    keys = ("kv_tokens", "kv_source", "gate", "kv_capacity", "held_runs", "held_kv_tokens")
+    return {k: replica[k] for k in keys}
+
+
+def test_each_replica_shows_its_kv_pool_where_it_was_read_and_the_runs_it_holds():
+    pool = _gated_pool()
+    a, b = status_document(pool.state, pool.now)["replicas"]
+    assert _gate_fields(a) == {
+        "kv_tokens": 10000,
+        "kv_source": "config",
+        "gate": "on",
+        "kv_capacity": int(10000 * (1 - KV_HEADROOM)),
+        "held_runs": 2,
+        "held_kv_tokens": 2300 + 4000,
+    }
+    assert _gate_fields(b) == {
+        "kv_tokens": None,
+        "kv_source": None,
+        "gate": "off",
+        "kv_capacity": None,
+        "held_runs": 0,
+        "held_kv_tokens": 0,
+    }
+    pool.probe("b", kv_tokens=50000)  # its engine says what it has
+    b = status_document(pool.state, pool.now)["replicas"][1]
+    assert (b["kv_tokens"], b["kv_source"], b["gate"], b["kv_capacity"]) == (50000, "engine", "on", 45000)
+
+
+def test_runs_waiting_to_be_admitted_by_class_with_the_oldest_wait():
+    pool = _gated_pool()
+    waiting = status_document(pool.state, pool.now)["waiting_for_room"]
+    assert waiting == {
+        "runs": 1,
+        "turns": 1,
+        "oldest_wait_s": 3.0,
+        "by_class": {
+            "interactive": {"runs": 0, "turns": 0, "oldest_wait_s": None},
+            "batch": {"runs": 1, "turns": 1, "oldest_wait_s": 3.0},
+        },
+    }
+    # r1's keep time runs out: it is let go, and its next turn comes back as a new run's would,
+    # waiting for room beside r3: a holds r2's 4000 tokens, and neither r3's 6000 nor r1's
+    # 11000 now fits beside them.
+    pool.wait(HOLD_MAX_S)
+    pool.tick()
+    pool.arrive("t4", run_id="r1", caller="alice", request_bytes=40000, max_tokens=1000)
+    pool.arrive("t5", run_id="r2", caller="alice")  # r2 is held on a: its turn does not wait for room
+    pool.wait(1)
+    doc = status_document(pool.state, pool.now)
+    assert doc["held"]["count"] == 2 and pool.held() == ["t3", "t4"]
+    assert doc["waiting_for_room"]["by_class"] == {
+        "interactive": {"runs": 1, "turns": 1, "oldest_wait_s": 1.0},
+        "batch": {"runs": 1, "turns": 1, "oldest_wait_s": 4.0 + HOLD_MAX_S},
+    }
+    assert _gate_fields(doc["replicas"][0])["held_runs"] == 1
+
+
+def test_a_run_shows_its_working_set_and_keep_time_while_held_and_none_once_let_go():
+    pool = _gated_pool()
+    r1 = run_document(pool.state, "r1", now=pool.now)
+    assert r1 is not None
+    assert (r1["phase"], r1["working_set"], r1["held"]) == ("paused", 2300, True)
+    assert r1["keep_s"] == HOLD_MAX_S - 1, "paused 1 s ago, with no pause of alice's seen yet"
+    r2 = run_document(pool.state, "r2", now=pool.now)
+    assert r2 is not None and (r2["working_set"], r2["held"], r2["keep_s"]) == (4000, True, None)
+    r3 = run_document(pool.state, "r3", now=pool.now)
+    assert r3 is not None
+    assert (r3["replica"], r3["working_set"], r3["held"], r3["keep_s"]) == (None, 5000 + 1000, False, None)
+    pool.wait(HOLD_MAX_S)
+    pool.tick()
+    r1 = run_document(pool.state, "r1", now=pool.now)
+    assert r1 is not None
+    assert (r1["phase"], r1["replica"], r1["held"], r1["keep_s"]) == ("paused", None, False, None)
+
+
+def test_the_gate_section_shows_its_constants_what_each_model_taught_and_each_callers_keep_time():
+    pool = _gated_pool()
+    assert status_document(pool.state, pool.now)["gate"] == {
+        "kv_headroom": KV_HEADROOM,
+        "hold_max_s": HOLD_MAX_S,
+        "tokens_per_byte_default": TOKENS_PER_BYTE,
+        "tokens_per_byte": {"m": 1200 / 4000},
+        "keep_s": {},
+    }
+    # r1 comes back after a pause of 1 s on its tool: alice's runs now keep their place a little
+    # longer than that.
+    pool.arrive("t4", run_id="r1", caller="alice")
+    gate_doc = status_document(pool.state, pool.now)["gate"]
+    assert list(gate_doc["keep_s"]) == ["alice"] and 1.0 < gate_doc["keep_s"]["alice"] < HOLD_MAX_S

@@ -4,12 +4,17 @@ Chromium runs the page's script (with a virtual-time budget, so its 2 s polling 
 the time the DOM is dumped), and the test reads the rendered tables: the replicas, a turn held
 for a caller, and, with `?runtime=`, a runtime's run tree with subtree totals, read from a
 stand-in runtime (with a tree and totals, or with only a flat list of runs, or not there).
+The run gate: each replica's KV pool column and the runs waiting to be admitted say what /status
+says, and the run tree shows each running run's working set and whether a replica holds it, as
+/status/runs/{run_id} says. With STATUS_PAGE_SCREENSHOT=path that page is also saved as a PNG.
 Skipped, saying why, where no Chromium is installed (Debian: `apt-get install -y chromium`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -19,8 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
-from support import Ports, Service, free_port, running, wait_until, write_config
+from support import Ports, Service, free_port, running, until, wait_until, write_config
+from test_scheduler_process import MODEL, EngineStandIn
+from turns_stream import TurnsStream
 
 from luftpause.bench.sim.flood_watch import headless_chromium
 from luftpause.proto import pb, rpc
@@ -61,6 +69,14 @@ WITH_TREE = {
 }
 # An older runtime: a flat list with parents and nothing else; the page sums the subtree itself.
 FLAT = {"runs": [ROOT, CHILD_1, CHILD_2]}
+# Runs the scheduler knows (see the gate test): one held on fake-a, one waiting for room.
+GATED = {
+    "runs": [
+        _run("gate-r1", None, "Held on fake-a", 1, 0, 0, 0),
+        _run("gate-r2", None, "Waiting for room", 0, 0, 0, 0),
+        {**_run("gate-done", None, "Finished long ago", 1, 0, 10, 1), "status": "finished"},
+    ]
+}
 # Finished runs listed before running ones, at the top and below.
 MIXED = {
     "runs": [
@@ -78,7 +94,12 @@ class _RuntimeStandIn:
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-                doc = {"/tree/status": WITH_TREE, "/flat/status": FLAT, "/mixed/status": MIXED}.get(self.path)
+                doc = {
+                    "/tree/status": WITH_TREE,
+                    "/flat/status": FLAT,
+                    "/mixed/status": MIXED,
+                    "/gate/status": GATED,
+                }.get(self.path)
                 body = json.dumps(doc).encode() if doc is not None else b"{}"
                 self.send_response(200 if doc is not None else 404)
                 self.send_header("content-type", "application/json")
@@ -168,6 +189,19 @@ def _render(url: str, profile: Path) -> _Tables:
     return tables
 
 
+def _screenshot(url: str, path: Path, profile: Path) -> None:
+    """Saves `url` as a PNG tall enough to show the run tree below the scheduler's tables."""
+    assert CHROMIUM is not None
+    argv = [*headless_chromium(CHROMIUM, profile), "--hide-scrollbars", "--virtual-time-budget=5000"]
+    out = subprocess.run(
+        [*argv, "--window-size=1400,1300", f"--screenshot={path}", url],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0 and path.exists(), out.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ports, Path]]:
     tmp = tmp_path_factory.mktemp("status-page")
@@ -239,6 +273,11 @@ def test_the_page_shows_the_replicas_and_a_turn_held_for_its_caller(scheduler, t
     assert page.lines["chart-held", "batch"][1] == "0"
     assert float(page.lines["chart-wait", "interactive"][1]) > 0
     assert page.texts["chart-now"].startswith("interactive: 1 held, oldest ")
+    # Neither replica's pool is known (nobody answers for them): the gate is off on both, and the
+    # held turn's run is new, so it waits to be admitted.
+    assert replicas["fake-a"][9] == "gate off · 0 runs"
+    assert page.texts["waiting-for-room"].startswith("Runs waiting to be admitted: interactive 1 (oldest ")
+    assert page.texts["waiting-for-room"].endswith(", batch 0")
     assert page.texts["error"] == ""
     assert "updated" in page.texts["updated"]
     assert page.bodies["runtime-runs"] == [], "no runtime asked for, none shown"
@@ -304,3 +343,80 @@ def test_a_runtime_that_cannot_be_read_is_named_and_the_scheduler_still_shows(sc
     page = _render(f"http://127.0.0.1:{ports.status}/?runtime={nobody}", tmp_path / "profile")
     assert page.texts["runtime-error"].startswith(f"runtime at {nobody} not readable")
     assert {r[0] for r in page.bodies["replicas"]} == {"fake-a", "fake-b"}
+
+
+async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_who_waits(
+    runtime, tmp_path: Path
+):
+    """fake-a (an engine stand-in with a configured pool of room for one run) holds gate-r1;
+    gate-r2 waits for room; fake-b nobody answers for, its pool unknown: gate off."""
+    engine = EngineStandIn()
+    ports = Ports(engines=[engine.port, free_port()])
+    path = write_config(tmp_path, ports)
+    text = path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
+    # Only fake-a's pool is configured.
+    path.write_text(
+        text.replace(
+            f'url = "http://127.0.0.1:{engine.port}"\n',
+            f'url = "http://127.0.0.1:{engine.port}"\nkv_tokens = 6000\n',
+            1,
+        )
+    )
+    service = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log").start()
+    url = f"http://127.0.0.1:{ports.status}"
+    try:
+        with running(service):
+            service.wait_http(f"{url}/status")
+            await until(
+                lambda: (
+                    [r["healthy"] for r in httpx.get(f"{url}/status").json()["replicas"]] == [True, False]
+                ),
+                what="fake-a healthy, fake-b not",
+            )
+            async with (
+                grpc.aio.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel,
+                TurnsStream(channel) as turns,
+            ):
+                first = await turns.admit(
+                    pb.AdmitRequest(turn_id="gate-t1", run_id="gate-r1", model=MODEL, request_bytes=2000)
+                )
+                assert first.outcome == pb.AdmitReply.PLACED
+                second = await turns.admit_later(
+                    pb.AdmitRequest(turn_id="gate-t2", run_id="gate-r2", model=MODEL, max_tokens=1500)
+                )
+                await until(
+                    lambda: httpx.get(f"{url}/status").json()["held"]["count"] == 1, what="gate-t2 held"
+                )
+                page = await asyncio.to_thread(
+                    _render, f"{url}/?runtime={runtime.url}/gate", tmp_path / "profile"
+                )
+                shot = os.environ.get("STATUS_PAGE_SCREENSHOT")
+                if shot:
+                    await asyncio.to_thread(
+                        _screenshot,
+                        f"{url}/?runtime={runtime.url}/gate",
+                        Path(shot),
+                        tmp_path / "shot-profile",
+                    )
+                async with httpx.AsyncClient(base_url=url) as client:
+                    doc = (await client.get("/status")).json()
+                    runs = {r: (await client.get(f"/status/runs/{r}")).json() for r in ("gate-r1", "gate-r2")}
+                second.cancel()
+    finally:
+        engine.close()
+
+    a, b = doc["replicas"]
+    assert (a["kv_source"], a["gate"], a["held_runs"], b["gate"]) == ("config", "on", 1, "off")
+    replicas = {r[0]: r for r in page.bodies["replicas"]}
+    assert replicas["fake-a"][9] == f"{a['held_kv_tokens']} / {a['kv_capacity']} · 1 run"
+    assert replicas["fake-b"][9] == "gate off · 0 runs"
+    waiting = doc["waiting_for_room"]["by_class"]["interactive"]
+    assert waiting["runs"] == 1
+    assert page.texts["waiting-for-room"].startswith("Runs waiting to be admitted: interactive 1 (oldest ")
+    assert page.texts["gate"].startswith("Run gate: a new run is placed only where it fits")
+    assert page.texts["error"] == "" and page.texts["runtime-error"] == ""
+    rows = {r[0]: r for r in page.bodies["runtime-runs"]}
+    assert runs["gate-r1"]["held"] and not runs["gate-r2"]["held"]
+    assert rows["gate-r1"][9:11] == [str(runs["gate-r1"]["working_set"]), "held"]
+    assert rows["gate-r2"][9:11] == [str(runs["gate-r2"]["working_set"]), "not held"]
+    assert rows["gate-done"][9:11] == ["–", "–"], "the scheduler is not asked about finished runs"
