@@ -110,6 +110,7 @@ from luftpause.scheduler.state import (
     State,
     Turn,
     TurnStatus,
+    pinned_to,
 )
 
 # A placed turn whose end is never reported (the dataplane crashed mid-turn) is dropped after this.
@@ -657,9 +658,7 @@ def _tracks_run(turn: Turn) -> bool:
     return turn.kind is _GENERATIVE and turn.run_id != ""
 
 
-def _pin(run: Run | None) -> str | None:
-    """The replica a run must go back to while it is generating or paused there, else None."""
-    return run.replica if run is not None and run.phase is not _IDLE else None
+_pin = pinned_to
 
 
 def _paused_at(run: Run | None) -> str | None:

@@ -71,7 +71,10 @@ REPLY_RESERVE_DEFAULT = 4096
 HOLD_SAMPLES = 32
 HOLD_PERCENTILE = 0.9
 HOLD_SLACK = 1.25
-HOLD_MAX_S = 5.0
+# The longest keep time worth holding a place for. In the engine model's flood, holding runs
+# through 2.5 s tools still served more runs than letting them go (91.6-92.7 runs/min against
+# 89.4), through 3 s tools fewer (87.9 against 89.7-90.6): `luftpause bench sim flood --tool-s 3`.
+HOLD_MAX_S = 3.5
 # The fewest runs of a size a pool must keep warm for the gate to hold runs of that size there,
 # unless a replica's config says otherwise (`gate_min_runs`).
 GATE_MIN_RUNS = config.GATE_MIN_RUNS

@@ -150,6 +150,13 @@ class Run(NamedTuple):
         )  # fmt: skip
 
 
+def pinned_to(run: Run | None) -> str | None:
+    """The replica `run` must go back to, and that holds it for the run gate (gate.py): its last
+    replica while it is generating or paused there; None for a run that is idle, or that let go
+    of its place when its keep time ran out (paused with no replica)."""
+    return run.replica if run is not None and run.phase is not Phase.IDLE else None
+
+
 class Turn(NamedTuple):
     """One model call of a run: held until placed, then counted on its replica until reported done."""
 

@@ -37,7 +37,7 @@ from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.errors import error_body
 from luftpause.scheduler import admission, gate
-from luftpause.scheduler.state import Kind, Phase, Replica, Run, ServiceClass, State, Turn
+from luftpause.scheduler.state import Kind, Phase, Replica, Run, ServiceClass, State, Turn, pinned_to
 
 
 def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
@@ -93,11 +93,9 @@ def per_replica(state: State) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def is_held(run: Run) -> bool:
-    """Whether a replica holds `run` (see gate.py): it is pinned there, generating or paused within
-    its keep time. A new run, or one let go when its keep time ran out, is held nowhere. The rule
-    the core's indexes (`State.held_kv`, `State.held_runs`) count by, read here for the status
-    document and the metrics."""
-    return run.replica is not None and run.phase is not Phase.IDLE
+    """Whether a replica holds `run` (see gate.py): `state.pinned_to`, the rule the core's indexes
+    (`State.held_kv`, `State.held_runs`) count by, read here for the status document and the metrics."""
+    return pinned_to(run) is not None
 
 
 def waiting_for_room(state: State, held: list[Turn]) -> dict[ServiceClass, list[Turn]]:

@@ -182,7 +182,7 @@ def _by(
 
 def test_the_gate_families_show_each_pool_the_runs_it_holds_and_the_runs_waiting_for_room():
     # a's pool holds r1 and r2 (4000 tokens each with their reply reserves), not a third; b's is unknown.
-    pool = Pool(spec("a", kv_tokens=10000), spec("b"))
+    pool = Pool(spec("a", kv_tokens=10000, gate_min_runs=1), spec("b"))
     pool.probe("b", healthy=False)
     pool.arrive("t1", run_id="r1", request_bytes=0, max_tokens=4000)
     pool.arrive("t2", run_id="r2", request_bytes=0, max_tokens=4000)
@@ -213,7 +213,7 @@ async def test_a_scrape_shows_the_pool_configured_the_run_it_holds_and_the_one_w
     ports = Ports(engines=[engine.port])
     # Room for one run of a default reply reserve (4096 tokens) beside none other.
     kv_tokens = int(1.5 * REPLY_RESERVE_DEFAULT / (1 - KV_HEADROOM))
-    path = write_config(tmp_path, ports, replica_extra=f"kv_tokens = {kv_tokens}")
+    path = write_config(tmp_path, ports, replica_extra=f"kv_tokens = {kv_tokens}\ngate_min_runs = 1")
     service = Service("scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log").start()
     url = f"http://127.0.0.1:{ports.status}"
     try:

@@ -218,7 +218,7 @@ def test_the_held_history_keeps_each_class_for_the_last_minutes_oldest_first():
 def _gated_pool() -> Pool:
     """Replica a with a configured pool of 10000 tokens (9000 for held runs), b down: r1 and r2
     are held on a, r1 paused on a tool, and r3 (6000 tokens) waits for room."""
-    pool = Pool(spec("a", kv_tokens=10000), spec("b"))
+    pool = Pool(spec("a", kv_tokens=10000, gate_min_runs=1), spec("b"))
     pool.probe("b", healthy=False)
     pool.arrive("t1", run_id="r1", caller="alice", request_bytes=4000, max_tokens=1000)  # 1000 + 1000
     pool.arrive("t2", run_id="r2", caller="alice", request_bytes=8000, max_tokens=2000)  # 2000 + 2000
@@ -273,10 +273,10 @@ def test_runs_waiting_to_be_admitted_by_class_with_the_oldest_wait():
     }
     # r1's keep time runs out: it is let go, and its next turn comes back as a new run's would,
     # waiting for room beside r3: a holds r2's 4000 tokens, and neither r3's 6000 nor r1's
-    # 11000 now fits beside them.
+    # 7000 now fits beside them.
     pool.wait(HOLD_MAX_S)
     pool.tick()
-    pool.arrive("t4", run_id="r1", caller="alice", request_bytes=40000, max_tokens=1000)
+    pool.arrive("t4", run_id="r1", caller="alice", request_bytes=20000, max_tokens=1000)
     pool.arrive("t5", run_id="r2", caller="alice")  # r2 is held on a: its turn does not wait for room
     pool.wait(1)
     doc = status_document(pool.state, pool.now)

@@ -358,7 +358,7 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
     path.write_text(
         text.replace(
             f'url = "http://127.0.0.1:{engine.port}"\n',
-            f'url = "http://127.0.0.1:{engine.port}"\nkv_tokens = 6000\n',
+            f'url = "http://127.0.0.1:{engine.port}"\nkv_tokens = 6000\ngate_min_runs = 1\n',
             1,
         )
     )
