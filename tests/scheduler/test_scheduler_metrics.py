@@ -58,6 +58,12 @@ async def test_the_families_move_as_turns_are_placed_held_reserved_and_resynced(
         )
         assert first.outcome == pb.AdmitReply.PLACED
         await turns.report(pb.TurnEvent(turn_id="m-t1", run_id="m-r1", started=pb.TurnStarted(streamed=True)))
+        # m-t1 now waits in the engine's queue too, behind the other request: a probe from here
+        # on reads both (reading only one would say that one was ours, and make room).
+        engine.running, engine.waiting = 1, 2
+        await until(
+            lambda: httpx.get(f"{url}/status").json()["replicas"][0]["waiting"] == 2, what="both read"
+        )
         second = await turns.admit_later(
             pb.AdmitRequest(
                 turn_id="m-t2", run_id="m-r2", model=MODEL, caller="team-b", service_class=pb.BATCH
