@@ -352,3 +352,23 @@ def test_under_the_flood_the_run_gate_keeps_paused_runs_prefixes_and_does_less_w
         ungated.interactive_runs_per_min + ungated.batch_runs_per_min
     )
     assert gated.interactive_runs_per_min > ungated.interactive_runs_per_min
+
+
+def test_the_light_verdict_asks_luftpause_to_be_within_five_percent_of_the_best_arm_and_names_the_rest() -> (
+    None
+):
+    from luftpause.bench.sim.cli import summary
+
+    arms = [
+        _result("sglang-cache-aware", 15.0, 90.0),
+        _result("luftpause", 14.4, 90.0),  # 4 % below the best interactive: met
+        _result("run-gate-fixed", 15.0, 80.0),  # 11 % below the best batch
+    ]
+    text, record = summary("light", {1: arms, 2: arms})
+    verdicts = {c["tie"]: c for c in record["comparisons"]}
+    assert verdicts["interactive"]["met"] and verdicts["interactive"]["outside"] == []
+    assert verdicts["batch"]["met"] and verdicts["batch"]["outside"] == ["run-gate-fixed"]
+    assert "luftpause is 4.0% below the best, sglang-cache-aware (met: within 5%)" in text
+    slower = [_result("sglang-cache-aware", 15.0, 90.0), _result("luftpause", 14.0, 90.0)]
+    _, record = summary("light", {1: slower})
+    assert [c["met"] for c in record["comparisons"]] == [False, True]
