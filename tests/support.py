@@ -382,3 +382,20 @@ async def call(client: Any, tool: str, **arguments: Any) -> dict[str, Any]:
     assert not result.is_error, result.content
     assert json.loads(result.content[0].text) == result.structured_content
     return result.structured_content
+
+
+def machine_settings(examples: int) -> Any:
+    """Settings for a stateful property test of the scheduler core: a fixed set of `examples`
+    sequences (derandomized), so a run of the suite is never flaky; with
+    LUFTPAUSE_PROPERTY_EXAMPLES=5000 it explores that many fresh random sequences instead."""
+    from hypothesis import HealthCheck, settings
+
+    explore = os.environ.get("LUFTPAUSE_PROPERTY_EXAMPLES")
+    return settings(
+        max_examples=int(explore or examples),
+        stateful_step_count=60,
+        deadline=None,
+        derandomize=not explore,
+        database=None if not explore else settings.default.database,
+        suppress_health_check=[HealthCheck.too_slow],
+    )

@@ -21,12 +21,11 @@ and replaying the log reproduces every decision and the state.
 
 from __future__ import annotations
 
-import os
 from collections import Counter, defaultdict
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from support import machine_settings
 
 from luftpause.scheduler import admission, gate
 from luftpause.scheduler.actions import Action, Place
@@ -271,13 +270,5 @@ class GateMachine(RuleBasedStateMachine):
         assert state == self.state
 
 
-_EXPLORE = os.environ.get("LUFTPAUSE_PROPERTY_EXAMPLES")
-GateMachine.TestCase.settings = settings(
-    max_examples=int(_EXPLORE or 200),
-    stateful_step_count=60,
-    deadline=None,
-    derandomize=not _EXPLORE,
-    database=None if not _EXPLORE else settings.default.database,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+GateMachine.TestCase.settings = machine_settings(200)
 TestGate = GateMachine.TestCase

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from support import machine_settings
 
 from luftpause.fake_engine.engine import Engine, ModelRequest, Step
 from luftpause.fake_engine.params import EngineParams
@@ -812,18 +813,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(n == 1 for n in self.placed_once.values()), "a turn was placed twice"
 
 
-# The suite runs a fixed set of sequences (derandomized), so a run of it is never flaky;
-# LUFTPAUSE_PROPERTY_EXAMPLES=5000 explores fresh random sequences instead, as many as asked.
-_EXPLORE = os.environ.get("LUFTPAUSE_PROPERTY_EXAMPLES")
-SchedulerMachine.TestCase.settings = settings(
-    max_examples=int(_EXPLORE or 300),
-    stateful_step_count=60,
-    deadline=None,
-    derandomize=not _EXPLORE,
-    database=None if not _EXPLORE else settings.default.database,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SchedulerMachine.TestCase.settings = machine_settings(300)
 TestScheduler = SchedulerMachine.TestCase
+# LUFTPAUSE_PROPERTY_EXAMPLES explores fresh random sequences in the test below too.
+_EXPLORE = os.environ.get("LUFTPAUSE_PROPERTY_EXAMPLES")
 
 
 # --- against the engine model ---------------------------------------------------------------
