@@ -1,7 +1,7 @@
 """Reading an engine's reply on the side: first token, usage, finish reason, tool-call ids.
 
-The bytes the engine sends go to the client untouched; `StreamObserver` only looks at them as
-they pass, splitting them into server-sent-event lines and decoding the JSON of a `data:` event
+The bytes the engine sends go to the client untouched (but for usage the client did not ask
+for, below); `StreamObserver` looks at them as they pass, splitting them into server-sent-event lines and decoding the JSON of a `data:` event
 to learn what the scheduler needs to know about the turn. Most events of a stream are one more
 token and say nothing new once the first token is known, so after it a byte scan decides which
 events are worth decoding: those with a finish reason or usage that is not null, tool calls, an
