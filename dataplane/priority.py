@@ -27,16 +27,16 @@ turn has done (the scheduler already keeps room for interactive turns). An opera
 preemption lowers that threshold on the engine.
 
 The body is not decoded and encoded again: `"priority":N,` goes in right after the object's
-opening brace, one copy of the bytes. A body whose top level already has `priority` is left
+opening brace, one copy of the bytes (`body.with_first_member`). A body whose top level already has `priority` is left
 alone: the client's choice wins. Whether it has one is read from the JSON the proxy decoded
 anyway (a byte search would also find the word in a message).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
+from luftpause.dataplane.body import with_first_member
 from luftpause.proto import pb
 
 Convention = Literal["none", "sglang", "vllm"]
@@ -46,9 +46,6 @@ _PRIORITY: dict[Convention, dict[pb.ServiceClass, int]] = {
     "sglang": {pb.INTERACTIVE: 1, pb.BATCH: 0},
     "vllm": {pb.INTERACTIVE: -1, pb.BATCH: 0},
 }
-
-# JSON's insignificant whitespace (RFC 8259); `bytes.strip()` would take more.
-_SPACE = re.compile(rb"[ \t\n\r]*")
 
 
 def priority_for(convention: Convention, service_class: pb.ServiceClass) -> int | None:
@@ -71,22 +68,6 @@ def engine_body(
 
 
 def with_priority(body: bytes, priority: int) -> bytes:
-    """`body`, a JSON object without a top-level `priority`, with `"priority":N` as its first member.
-
-    A body that does not open with `{` in UTF-8 (a UTF-16 or UTF-32 one, which JSON parsers
-    also accept, has NUL bytes in its first four) is returned unchanged.
-    """
-    space = _SPACE.match(body)
-    assert space is not None  # the pattern matches the empty string too: never None
-    brace = space.end()
-    if body[brace : brace + 1] != b"{" or b"\x00" in body[:4]:
-        return body
-    after = brace + 1
-    member = b'"priority":%d' % priority
-    # `{}` takes no comma; a turn's body never is one, but the insertion must stay valid JSON.
-    space = _SPACE.match(body, after)
-    assert space is not None
-    first = space.end()
-    if body[first : first + 1] != b"}":
-        member += b","
-    return b"".join((body[:after], member, memoryview(body)[after:]))
+    """`body`, a JSON object without a top-level `priority`, with `"priority":N` as its first member
+    (or unchanged where it does not open with `{` in UTF-8: `body.with_first_member`)."""
+    return with_first_member(body, b'"priority":%d' % priority)

@@ -9,9 +9,10 @@
    turn and no engine request is made;
 3. forwards the body bytes unchanged to the placed replica (`engine_client`, connections kept
    alive per engine), but for the turn's priority where the replica's engine honours one
-   (`priority`);
+   (`priority`) and, for a stream, a request for its usage where the client made none (`usage`);
 4. passes the engine's reply back unchanged (a stream chunk by chunk, as it comes), reading it
-   on the side for first token, usage, finish reason and tool-call ids;
+   on the side for first token, usage, finish reason and tool-call ids, and taking out of a
+   stream the usage the client did not ask for;
 5. reports to the scheduler what happened: started, first token, completed or failed.
 
 It is a plain ASGI callable rather than a FastAPI endpoint because a turn needs the connection
@@ -41,7 +42,7 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
 from luftpause import tracing
-from luftpause.dataplane import headers, limits, priority
+from luftpause.dataplane import headers, limits, priority, usage
 from luftpause.dataplane.engine_client import (
     EngineClient,
     EngineError,
@@ -131,6 +132,8 @@ class ProxiedTurn:
     # The client asked for a streamed reply: the engine's first token is then seen as it comes,
     # which is what tells the scheduler that the engine started the turn (admission.py).
     streamed: bool = False
+    # The client's body asks for usage in its stream itself (`usage.client_asked`).
+    client_usage: bool = False
     # The body's size in bytes as received, and the reply limit it sets (0: none): what the
     # scheduler's run gate sizes the turn by until its usage is known (AdmitRequest).
     request_bytes: int = 0
@@ -239,13 +242,14 @@ class Proxy:
             # The body was decoded above anyway: an exact top-level check, no byte search.
             client_priority="priority" in payload,
             streamed=payload.get("stream") is True,
+            client_usage=usage.client_asked(payload),
             echoed=echoed,
             request_bytes=len(body),
             max_tokens=requested_max_tokens(payload),
         )
 
         async def chat(placement: pb.AdmitReply, client_left: asyncio.Future[None]) -> None:
-            await self._chat(turn, placement, body, answer, client_left)
+            await self._chat(turn, placement, body, payload, answer, client_left)
 
         await self.run_turn(turn, answer, receive, chat)
 
@@ -352,10 +356,16 @@ class Proxy:
         turn: ProxiedTurn,
         placement: pb.AdmitReply,
         body: bytes,
+        payload: dict[str, Any],
         answer: Answer,
         client_left: asyncio.Future[None],
     ) -> None:
-        # 3. Forward the body, unchanged but for an engine priority, to the placed replica.
+        # 3. Forward the body, unchanged but for an engine priority and a stream's usage, to the
+        # placed replica. A replica this config does not name is asked, as one that says nothing is.
+        replica = self.config.replica(placement.replica)
+        hide_usage = turn.streamed and not turn.client_usage and (replica is None or replica.stream_usage)
+        if hide_usage:
+            body = usage.asking_for_usage(body, payload)
         request = self.engine_request(turn, placement, "chat/completions", body)
         upstream = await self.exchange(turn, request, answer, client_left)
         if upstream is None:
@@ -365,7 +375,7 @@ class Proxy:
             if upstream.status_code >= 400:
                 await self.pass_engine_error(turn, upstream, answer, client_left)
             elif upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                await self._relay_stream(turn, upstream, answer, client_left)
+                await self._relay_stream(turn, upstream, answer, client_left, hide_usage)
             else:
                 content = await self.read_whole(turn, upstream, answer, client_left)
                 if content is not None:
@@ -438,15 +448,25 @@ class Proxy:
         await answer.respond(content, upstream)
 
     async def _relay_stream(
-        self, turn: ProxiedTurn, upstream: EngineResponse, answer: Answer, client_left: asyncio.Future[None]
+        self,
+        turn: ProxiedTurn,
+        upstream: EngineResponse,
+        answer: Answer,
+        client_left: asyncio.Future[None],
+        hide_usage: bool,
     ) -> None:
-        observer = StreamObserver()
+        """Passes a stream on as it comes; with `hide_usage`, as the observer says (`sse`)."""
+        observer = StreamObserver(hide_usage)
         send_chunk = answer.send_chunk
 
         async def pump() -> None:
             async for chunk in upstream.iter_body():
                 if observer.feed(chunk):
                     self.first_token(turn)
+                if hide_usage:
+                    chunk = observer.take()
+                    if not chunk:
+                        continue
                 await send_chunk(chunk)
 
         await answer.start(upstream)
@@ -470,6 +490,9 @@ class Proxy:
             self.failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
             _cut_off_on_purpose.set(True)
             return
+        if hide_usage and (tail := observer.take()):
+            # The last line, had it no line break.
+            await send_chunk(tail)
         await answer.finish()
         self.ended(turn, observation)
 

@@ -1,13 +1,24 @@
 """Reading an engine's reply on the side: first token, usage, finish reason, tool-call ids.
 
-The bytes the engine sends go to the client untouched; `StreamObserver` only looks at them as
-they pass, splitting them into server-sent-event lines and decoding the JSON of a `data:` event
+The bytes the engine sends go to the client untouched (but for usage the client did not ask
+for, below); `StreamObserver` looks at them as they pass, splitting them into server-sent-event lines and decoding the JSON of a `data:` event
 to learn what the scheduler needs to know about the turn. Most events of a stream are one more
 token and say nothing new once the first token is known, so after it a byte scan decides which
 events are worth decoding: those with a finish reason or usage that is not null, tool calls, an
 error, or `[DONE]`; a chunk made only of other events is not even split into lines.
-`observe_completion` reads a reply that was not streamed. Neither ever re-encodes anything, and
-neither raises on a payload it does not understand: a reply we cannot read is still the client's.
+`observe_completion` reads a reply that was not streamed. Neither raises on a payload it does
+not understand: a reply we cannot read is still the client's.
+
+For a turn whose usage the dataplane asked of the engine and the client did not (`usage`), the
+observer also says what of the stream goes on to the client (`hide_usage`, then `take`): all of
+it but the usage-only event (`choices` empty, a `usage` object), which is dropped with the blank
+line that ends it, and the `usage` member of an event that carries choices too, which alone is
+encoded anew. The usage events are among those decoded anyway, so this costs the other events
+nothing but being handed on; only a line the engine split across reads is held until its end
+arrives, which a client could not have read any sooner. Two things pass unchanged: `"usage":
+null`, which the OpenAI API writes on every chunk once usage is asked for (and SGLang always):
+the same to every client as no usage, and taking it out would cost a rewrite of every chunk;
+and an event whose JSON spans several `data:` lines, which no engine sends.
 """
 
 from __future__ import annotations
@@ -15,6 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from luftpause.dataplane.body import encoded
 
 _DATA = b"data:"
 _DONE = b"[DONE]"
@@ -115,12 +128,23 @@ class ReplyObservation:
 
 
 class StreamObserver:
-    """Follows a streamed chat completion chunk by chunk, as the bytes pass to the client."""
+    """Follows a streamed chat completion chunk by chunk, as the bytes pass to the client.
 
-    def __init__(self) -> None:
+    With `hide_usage`, what goes on to the client is what `take` returns after each `feed` and
+    after `close`, not the chunks as fed (module docstring).
+    """
+
+    def __init__(self, hide_usage: bool = False) -> None:
         self.observation = ReplyObservation()
         self._pending = b""
         self._data: list[bytes] = []
+        self._hide = hide_usage
+        # With hide_usage: the bytes for the client not yet taken; what the data line just read
+        # is to become (None: itself, b"": nothing); and whether a dropped event's blank line is
+        # still to come.
+        self._out: list[bytes] = []
+        self._instead: bytes | None = None
+        self._drop_blank = False
 
     def feed(self, chunk: bytes) -> bool:
         """Reads one chunk; returns True when this chunk carried the reply's first token."""
@@ -129,10 +153,13 @@ class StreamObserver:
             had_token
             and not self._pending
             and not self._data
+            and not self._drop_blank
             and chunk.endswith(b"\n")
             and not says_something(chunk)
         ):
             # Whole lines of nothing but more tokens: nothing to learn, no need to split them.
+            if self._hide:
+                self._out.append(chunk)
             return False
         buffered = self._pending + chunk
         lines = buffered.splitlines(keepends=True)
@@ -142,16 +169,45 @@ class StreamObserver:
             # keep it until the rest arrives.
             self._pending = lines.pop()
         for line in lines:
-            self._line(line.rstrip(b"\r\n"))
+            bare = line.rstrip(b"\r\n")
+            self._line(bare)
+            if self._hide:
+                self._pass_on(line, bare)
         return self.observation.first_token and not had_token
+
+    def take(self) -> bytes:
+        """With hide_usage: the bytes for the client from what was fed since the last take."""
+        out = self._out
+        if len(out) == 1:
+            return out.pop()
+        taken = b"".join(out)
+        out.clear()
+        return taken
 
     def close(self) -> ReplyObservation:
         """Ends the stream: reads what is left of it and returns what was observed."""
         if self._pending:
-            self._line(self._pending.rstrip(b"\r\n"))
-            self._pending = b""
+            line, self._pending = self._pending, b""
+            bare = line.rstrip(b"\r\n")
+            self._line(bare)
+            if self._hide:
+                self._pass_on(line, bare)
         self._line(b"")
         return self.observation
+
+    def _pass_on(self, line: bytes, bare: bytes) -> None:
+        """Hands on `line` (`bare` without its line break), or what it becomes without usage."""
+        instead, self._instead = self._instead, None
+        if self._drop_blank:
+            self._drop_blank = False
+            if not bare:
+                return
+        if instead is None:
+            self._out.append(line)
+        elif instead:
+            self._out.append(b"data: " + instead + line[len(bare) :])
+        else:
+            self._drop_blank = True
 
     def _line(self, line: bytes) -> None:
         if not line:
@@ -168,11 +224,11 @@ class StreamObserver:
                 self._data.append(value)
             elif self.observation.first_token and not says_something(value):
                 return
-            elif not self._take(value):
+            elif not self._take(value, one_line=True):
                 self._data.append(value)
         # Comments (":"), event names, ids and retry fields say nothing about the turn.
 
-    def _take(self, data: bytes) -> bool:
+    def _take(self, data: bytes, one_line: bool = False) -> bool:
         """Reads one event's data; False when it is not (yet) a whole JSON value."""
         if data.strip() == _DONE:
             self.observation.done = True
@@ -182,7 +238,17 @@ class StreamObserver:
         except ValueError:
             return False
         self.observation.note_payload(payload, "delta")
+        if self._hide and one_line and isinstance(payload, dict) and payload.get("usage") is not None:
+            self._instead = _without_usage(payload)
         return True
+
+
+def _without_usage(payload: dict[str, Any]) -> bytes:
+    """A stream event with usage as a client that did not ask for it would have had it: nothing
+    for the usage-only event, else the event without its `usage`."""
+    if not payload.get("choices") and not payload.get("error"):
+        return b""
+    return encoded({key: value for key, value in payload.items() if key != "usage"})
 
 
 def observe_completion(body: bytes) -> ReplyObservation:

@@ -79,6 +79,10 @@ class Replica(_Strict):
     # priority, or SGLang with --schedule-low-priority-values-first: lower first). With "none"
     # the body goes as the client sent it; dataplane/priority.py has the numbers and why.
     engine_priority: Literal["none", "sglang", "vllm"] = "none"
+    # Whether a streamed turn asks this engine for its usage (`stream_options.include_usage`)
+    # when the client did not, which the scheduler's run gate sizes runs by; false for an engine
+    # that refuses unknown `stream_options` (older Ollama builds): dataplane/usage.py.
+    stream_usage: bool = True
     # Tokens of KV memory this engine has, overriding what its probes read (SGLang's
     # /get_server_info, vLLM's cache_config_info, llama.cpp's /slots). The scheduler places a new
     # run only where the runs it holds plus the new one fit (scheduler/gate.py); unset and not

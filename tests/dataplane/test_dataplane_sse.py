@@ -207,3 +207,100 @@ def test_after_the_first_token_only_telling_events_are_decoded(monkeypatch):
     observation = observer.close()
     assert observation.first_token and observation.finish_reason == "stop" and observation.done
     assert len(decoded) == 2, "the first token's event and the finish, not the 30 in between"
+
+
+# --- hide_usage: the stream as a client that did not ask for usage would have had it ---
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
+# TEXT_STREAM as the engine sends it unasked: no usage-only event.
+TEXT_STREAM_UNASKED = TEXT_STREAM.replace(_event({"choices": [], "usage": USAGE}), b"")
+
+
+def _relay(stream: bytes, cuts: list[int]) -> tuple[bytes, object]:
+    """What a hiding observer passes on of `stream` fed in the pieces `cuts` make, and what it saw."""
+    observer = StreamObserver(hide_usage=True)
+    passed, start = [], 0
+    for end in [*sorted(cuts), len(stream)]:
+        observer.feed(stream[start:end])
+        passed.append(observer.take())
+        start = end
+    seen = observer.close()
+    passed.append(observer.take())
+    return b"".join(passed), seen
+
+
+def test_the_usage_only_event_is_dropped_with_its_blank_line_and_still_read():
+    passed, seen = _relay(TEXT_STREAM, [])
+    assert TEXT_STREAM_UNASKED != TEXT_STREAM
+    assert passed == TEXT_STREAM_UNASKED
+    assert (seen.prompt_tokens, seen.completion_tokens) == (12, 2) and seen.done
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(TEXT_STREAM)), max_size=12))
+def test_any_cut_of_the_bytes_passes_on_the_same_and_reads_the_same(cuts):
+    passed, seen = _relay(TEXT_STREAM, cuts)
+    assert passed == TEXT_STREAM_UNASKED
+    assert (seen.prompt_tokens, seen.completion_tokens) == (12, 2)
+    assert seen.finish_reason == "stop" and seen.done
+
+
+def _crlf(stream: bytes) -> bytes:
+    return stream.replace(b"\n", b"\r\n")
+
+
+def _no_blank_lines(stream: bytes) -> bytes:
+    return stream.replace(b"\n\n", b"\n")
+
+
+def _no_final_break(stream: bytes) -> bytes:
+    return stream.removesuffix(b"\n\n")
+
+
+@pytest.mark.parametrize("variant", [_crlf, _no_blank_lines, _no_final_break])
+def test_other_line_breaks_lose_the_usage_event_and_keep_their_own(variant):
+    stream = variant(TEXT_STREAM)
+    passed, seen = _relay(stream, [stream.index(b"usage") + 3])
+    assert passed == variant(TEXT_STREAM_UNASKED)
+    assert seen.prompt_tokens == 12 and seen.done
+
+
+def test_usage_on_a_chunk_with_choices_is_taken_off_that_chunk_alone():
+    last = {"id": "c1", "choices": [{"index": 0, "delta": {"content": "é"}, "finish_reason": "stop"}]}
+    stream = _event(_chunk({"content": "Hi"})) + _event({**last, "usage": USAGE}) + b"data: [DONE]\n\n"
+    passed, seen = _relay(stream, [])
+    assert (
+        passed
+        == _event(_chunk({"content": "Hi"}))
+        + b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"\xc3\xa9"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
+    assert (seen.prompt_tokens, seen.completion_tokens, seen.finish_reason) == (12, 2, "stop")
+
+
+def test_null_usage_and_everything_else_pass_unchanged():
+    # The OpenAI API's `"usage": null` on every chunk once usage is asked for goes on as it came.
+    stream = (
+        b": keep-alive\n\n"
+        + _event({**_chunk({"role": "assistant", "content": ""}), "usage": None})
+        + _event({**_chunk({"content": "Hi"}), "usage": None})
+        + _event({**_chunk({}, "stop"), "usage": None})
+        + b"data: [DONE]\n\n"
+    )
+    for cuts in ([], [5, 60, 61, len(stream) - 3]):
+        passed, seen = _relay(stream, cuts)
+        assert passed == stream
+        assert seen.finish_reason == "stop" and seen.done
+
+
+def test_an_error_event_with_usage_keeps_the_error():
+    stream = _event(_chunk({"content": "x"})) + _event(
+        {"choices": [], "error": {"message": "oom"}, "usage": USAGE}
+    )
+    passed, seen = _relay(stream, [])
+    assert passed == _event(_chunk({"content": "x"})) + b'data: {"choices":[],"error":{"message":"oom"}}\n\n'
+    assert seen.error == "oom"
+
+
+def test_without_hide_usage_nothing_is_held_for_the_client():
+    observer = StreamObserver()
+    observer.feed(TEXT_STREAM)
+    assert observer.take() == b""

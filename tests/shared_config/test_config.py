@@ -38,6 +38,15 @@ def test_engine_priority_is_off_unless_a_replica_declares_its_engines_convention
     assert config.load(f).replicas[0].engine_priority == "sglang"
 
 
+def test_stream_usage_is_asked_unless_a_replica_opts_out(tmp_path: Path) -> None:
+    assert {r.stream_usage for r in config.load(None).replicas} == {True}
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[[replicas]]\nname = "ollama"\nurl = "http://o:11434"\nmodels = ["m"]\nstream_usage = false\n'
+    )
+    assert config.load(f).replicas[0].stream_usage is False
+
+
 def test_lookahead_is_two_unless_a_replica_sets_it(tmp_path: Path) -> None:
     assert {r.lookahead for r in config.load(None).replicas} == {2}
     f = tmp_path / "c.toml"
