@@ -39,8 +39,8 @@ Each completed turn's usage replaces the estimate. What the estimate misses betw
 tool definitions are cached once, but counted per run) is what `KV_HEADROOM` is for.
 
 Keep time. A paused run keeps its place for a bounded high percentile of its caller's recent
-pauses on tools (`HOLD_PERCENTILE` of the last `HOLD_SAMPLES`, times `HOLD_SLACK`), so that a
-tool a little slower than usual still finds its prefix. When that comes to more than
+pauses on tools (`HOLD_PERCENTILE` of the last `HOLD_SAMPLES`, times `HOLD_SLACK`, and at least
+`HOLD_MIN_S`), so that a tool a little slower than usual still finds its prefix. When that comes to more than
 `HOLD_MAX_S`, the caller's tools are long enough that holding the room idle costs more than
 re-reading the prefix would, so the run lets go at once: the room goes to runs that will use it.
 A caller with no pause seen yet keeps `HOLD_MAX_S`.
@@ -75,6 +75,11 @@ HOLD_SLACK = 1.25
 # through 2.5 s tools still served more runs than letting them go (91.6-92.7 runs/min against
 # 89.4), through 3 s tools fewer (87.9 against 89.7-90.6): `luftpause bench sim flood --tool-s 3`.
 HOLD_MAX_S = 3.5
+# The shortest keep time: a caller whose tools answer at once still has its own work between a
+# reply and the next turn (parsing, journaling, a model's tool-call loop), which jitters by more
+# than the pauses it has shown; a place kept for 1.25 times a few milliseconds would be let go
+# by that jitter alone.
+HOLD_MIN_S = 1.0
 # The fewest runs of a size a pool must keep warm for the gate to hold runs of that size there,
 # unless a replica's config says otherwise (`gate_min_runs`).
 GATE_MIN_RUNS = config.GATE_MIN_RUNS
@@ -149,4 +154,4 @@ def hold_for(pauses: tuple[float, ...]) -> float:
         return HOLD_MAX_S
     ordered = sorted(pauses)
     keep = ordered[min(len(ordered) - 1, int(HOLD_PERCENTILE * len(ordered)))] * HOLD_SLACK
-    return keep if keep <= HOLD_MAX_S else 0.0
+    return max(keep, HOLD_MIN_S) if keep <= HOLD_MAX_S else 0.0

@@ -212,3 +212,17 @@ def test_a_run_that_ends_gives_its_room_back_at_once():
 def test_a_replica_configured_with_gate_min_runs_0_has_no_gate():
     pool = Pool(spec("a", lookahead=0, kv_tokens=POOL_TOKENS, gate_min_runs=0))
     assert [new_run(pool, f"t{i}") for i in range(FULL + 2)] == ["a"] * (FULL + 2)
+
+
+def test_a_caller_whose_tools_answer_at_once_still_keeps_its_place_for_a_second():
+    pool = gated_pool()
+    new_run(pool, "t0")
+    for n in range(3):
+        done(pool, f"t0-{n}" if n else "t0", tool_calls=True)
+        pool.wait(0.01)
+        next_turn(pool, f"t0-{n + 1}", "run-t0")
+    done(pool, "t0-3", tool_calls=True)
+    assert pool.state.runs["run-t0"].hold_until - pool.now == pytest.approx(gate.HOLD_MIN_S)
+    pool.wait(0.05)  # more than 1.25 times its pauses: still held
+    pool.tick()
+    assert pool.state.runs["run-t0"].replica == "a"
