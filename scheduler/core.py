@@ -26,8 +26,9 @@ There are three kinds of thing, each with a small state machine:
             GENERATING -> PAUSED when that turn completes in tool calls (the run will be back,
             and its prefix is cached on that replica); -> IDLE when it completes otherwise,
             fails, or is abandoned (a failed turn never leaves its run paused, so a retry is
-            admitted like any next turn). A run is forgotten when it ends or has been quiet
-            for RUN_IDLE_EXPIRY_S.
+            admitted like any next turn). Where the run gate holds it (`gate.py`), a paused run
+            lets go of its replica when its keep time runs out (still PAUSED, no replica). A
+            run is forgotten when it ends or has been quiet for RUN_IDLE_EXPIRY_S.
 
   Turn      arrives -> refused at once when no replica of its kind serves its model at all;
             otherwise HELD -> PLACED (its admission answered) -> gone when reported completed, failed
@@ -41,6 +42,9 @@ is `admission.room`: fewer of our turns waiting in its engine than its lookahead
 turn one fewer for each interactive run paused on a tool there with room kept for it (never the
 last one); a paused run keeps that room only for about as long as its caller's tools take. Of the
 replicas with room, the one with the fewest of our turns in flight wins; ties go to config order.
+A run that no replica holds (a new one, or one that let go) goes only where `gate.fits` finds
+its working set room beside the runs held there: the run gate, whose rules and reasons are
+gate.py's; a pinned run's turn is never held for that room.
 
 Draining. After every event that may let a held turn go somewhere (a replica gained room, or a
 held turn entered a group it was not in: it arrived, or its run's pin moved), held turns are
