@@ -234,7 +234,9 @@ class Reservation(NamedTuple):
 
 class Group(NamedTuple):
     """Where a held turn may go, as far as its own fields and its run's pin say. Held turns of
-    one group are all placeable or all not, so the drain asks once per group, never once per turn."""
+    one group may go to the same replicas, so the drain asks once per group, never once per turn;
+    where the run gate sizes a group's runs (no pin), it asks for the turn the group would place
+    next, and the rest wait behind it in order (first come, as an engine's own queue)."""
 
     kind: Kind
     model: str
