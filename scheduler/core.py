@@ -439,21 +439,15 @@ def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
 
 def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
     turn = tx.turns.get(e.turn_id)
+    size = None
     if turn is not None and e.prompt_tokens > 0:
         # Its usage is what its run needs from now on, and teaches the model's tokens per byte.
-        learnt = gate.learn_tokens_per_byte(
-            tx.tokens_per_byte.get(turn.model), e.prompt_tokens, turn.request_bytes
-        )
-        if learnt is not None:
+        known = tx.tokens_per_byte.get(turn.model)
+        learnt = gate.learn_tokens_per_byte(known, e.prompt_tokens, turn.request_bytes)
+        if learnt != known and learnt is not None:
             tx.tokens_per_byte = tx.tokens_per_byte.set(turn.model, learnt)
-        run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
-        if run is not None:
-            _set_run(
-                tx,
-                run.run_id,
-                run.sized(gate.measured_working_set(e.prompt_tokens, e.completion_tokens, turn.max_tokens)),
-            )
-    _end_turn(tx, e.turn_id, e.at, e.paused_on_tool, freed_engine_room=True)
+        size = gate.measured_working_set(e.prompt_tokens, e.completion_tokens, turn.max_tokens)
+    _end_turn(tx, e.turn_id, e.at, e.paused_on_tool, freed_engine_room=True, working_set=size)
 
 
 def _turn_failed(tx: _Tx, e: TurnFailed | TurnAbandoned, actions: list[Action]) -> None:
@@ -729,8 +723,8 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
             tx.held_kv = _bump(tx.held_kv, old_pin, -old_size)
             if old_pin != new_pin:
                 tx.held_runs = _bump(tx.held_runs, old_pin, -1)
-            if old_pin != new_pin or new_size < old_size:
-                tx.may_place = True
+            if (old_pin != new_pin or new_size < old_size) and tx.replicas[old_pin].kv_tokens is not None:
+                tx.may_place = True  # room for the gate (no other rule counts runs)
         if new_pin is not None:
             tx.held_kv = _bump(tx.held_kv, new_pin, new_size)
             if old_pin != new_pin:
@@ -771,6 +765,7 @@ def _end_turn(
     *,
     touch: bool = True,
     freed_engine_room: bool = False,
+    working_set: int | None = None,
 ) -> Turn | None:
     """Removes a turn (held or placed) and moves its run to the phase `lifecycle.phase_after_turn`
     gives (`paused_on_tool`: it completed in tool calls).
@@ -785,9 +780,11 @@ def _end_turn(
         tx.reservations = tx.reservations.delete(turn_id)
     tracked = _tracks_run(turn)
     if turn.status is _HELD:
-        _unhold(tx, turn, _group(tx, turn))
-        # The turn behind it in its group may fit where it did not (see `_choose`).
-        tx.may_place = True
+        group = _group(tx, turn)
+        _unhold(tx, turn, group)
+        if group.pin is None:
+            # The turn behind it in its group may fit where it did not (see `_choose`).
+            tx.may_place = True
     else:
         _count_placed(tx, turn, -1)
         if freed_engine_room or turn.confirmed:
@@ -796,6 +793,8 @@ def _end_turn(
     tx.turns = tx.turns.delete(turn_id)
     run = tx.runs.get(turn.run_id) if tracked else None
     if run is not None:
+        if working_set is not None:
+            run = run.sized(working_set)
         phase = lifecycle.phase_after_turn(paused_on_tool, others_running=turn.run_id in tx.run_placed)
         paused = phase is _PAUSED
         kept_until = at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if paused else None
@@ -1068,14 +1067,19 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     names = tx.serving.get((kind, model), ())
     if pin is not None and pin in names and tx.replicas[pin].healthy:
         return tx.replicas[pin] if pin in room else None
-    # A run not held anywhere goes only where it fits beside the runs held there (gate.py).
-    size = _head_working_set(tx, group)
+    # A run not held anywhere goes only where it fits beside the runs held there (gate.py); its
+    # size is looked up only for a replica whose pool is known.
+    size: int | None = -1
     best: str | None = None
     best_load = 0
     for name in names:
         if name in room:
-            if size is not None and not gate.fits(tx.replicas[name], tx.held_kv.get(name, 0), size):
-                continue
+            replica = tx.replicas[name]
+            if replica.kv_tokens is not None:
+                if size == -1:
+                    size = _head_working_set(tx, group)
+                if size is not None and not gate.fits(replica, tx.held_kv.get(name, 0), size):
+                    continue
             load = tx.in_flight_by_replica.get(name, 0)
             if best is None or load < best_load:
                 best, best_load = name, load
