@@ -94,6 +94,20 @@ class Replica(_Strict):
     # admitted"); an engine whose decode batch is cheaper to shrink may take a lower number.
     # 0 turns the gate off for this replica.
     gate_min_runs: int = Field(default=GATE_MIN_RUNS, ge=0, le=1000)
+    # Requests this engine keeps KV for side by side, each in a slot of its own (llama.cpp's
+    # `--parallel`), overriding what its /props says (`total_slots`): the gate then holds at most
+    # this many runs there, whatever their size, since a run beyond them takes another's slot.
+    kv_slots: int | None = Field(default=None, ge=1, le=4096)
+    # Whether this engine keeps prefixes evicted from its KV in host memory and brings them back
+    # (llama.cpp's `--cache-ram`, on by default there; SGLang's HiCache; vLLM's CPU offload). A
+    # paused run's prefix then survives without being held, so the gate holds no runs here and
+    # only the classes order the turns. No engine says so in its API; unset, it is on for a
+    # llama.cpp replica and off for the others: set it false for `llama-server --cache-ram 0`.
+    host_cache: bool | None = None
+
+    def keeps_host_cache(self) -> bool:
+        """`host_cache`, or the engine's default where unset (llama-server's is on)."""
+        return self.host_cache if self.host_cache is not None else self.metrics == "llamacpp"
 
     @model_validator(mode="before")
     @classmethod

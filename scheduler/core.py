@@ -275,6 +275,9 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
             kv_tokens=spec.kv_tokens,
             kv_configured=spec.kv_tokens is not None,
             gate_min_runs=spec.gate_min_runs,
+            kv_slots=spec.kv_slots,
+            slots_configured=spec.kv_slots is not None,
+            host_cache=spec.host_cache,
         )
         old = tx.replicas.get(spec.name)
         if old is not None:
@@ -288,6 +291,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
                 others_waiting=old.others_waiting,
                 read_at=old.read_at,
                 kv_tokens=fresh.kv_tokens if fresh.kv_configured else old.kv_tokens,
+                kv_slots=fresh.kv_slots if fresh.slots_configured else old.kv_slots,
             )
         replicas[spec.name] = fresh
         for model in spec.models:
@@ -339,6 +343,8 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
         )
     if e.kv_tokens is not None and e.kv_tokens > 0 and not replica.kv_configured:
         replica = dataclasses.replace(replica, kv_tokens=e.kv_tokens)
+    if e.kv_slots is not None and e.kv_slots > 0 and not replica.slots_configured:
+        replica = dataclasses.replace(replica, kv_slots=e.kv_slots)
     tx.replicas = tx.replicas.set(e.name, replica)
     sent_at = e.sent_at if e.sent_at is not None else e.at
     if replica.load_from:
@@ -723,7 +729,7 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
             tx.held_kv = _bump(tx.held_kv, old_pin, -old_size)
             if old_pin != new_pin:
                 tx.held_runs = _bump(tx.held_runs, old_pin, -1)
-            if (old_pin != new_pin or new_size < old_size) and tx.replicas[old_pin].kv_tokens is not None:
+            if (old_pin != new_pin or new_size < old_size) and gate.known(tx.replicas[old_pin]):
                 tx.may_place = True  # room for the gate (no other rule counts runs)
         if new_pin is not None:
             tx.held_kv = _bump(tx.held_kv, new_pin, new_size)
@@ -1075,10 +1081,12 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     for name in names:
         if name in room:
             replica = tx.replicas[name]
-            if replica.kv_tokens is not None:
+            if gate.known(replica):
                 if size == -1:
                     size = _head_working_set(tx, group)
-                if size is not None and not gate.fits(replica, tx.held_kv.get(name, 0), size):
+                if size is not None and not gate.fits(
+                    replica, tx.held_kv.get(name, 0), tx.held_runs.get(name, 0), size
+                ):
                     continue
             load = tx.in_flight_by_replica.get(name, 0)
             if best is None or load < best_load:

@@ -32,6 +32,10 @@ class ReplicaSpec:
     kv_tokens: int | None = None
     # The fewest runs of a size its pool must keep warm for the gate to hold them (gate.py).
     gate_min_runs: int = _config.GATE_MIN_RUNS
+    # Slots its engine keeps KV apart in, as configured (`kv_slots`); None: as its probes read it.
+    kv_slots: int | None = None
+    # Whether its engine keeps evicted prefixes in host memory (`Replica.keeps_host_cache`).
+    host_cache: bool = False
 
     @classmethod
     def from_config(cls, replica: _config.Replica) -> ReplicaSpec:
@@ -45,6 +49,8 @@ class ReplicaSpec:
             lookahead=replica.lookahead,
             kv_tokens=replica.kv_tokens,
             gate_min_runs=replica.gate_min_runs,
+            kv_slots=replica.kv_slots,
+            host_cache=replica.keeps_host_cache(),
         )
 
 
@@ -78,6 +84,9 @@ class ReplicaProbed:
     # times block size, llama.cpp's slots times their context); None: not read by this probe,
     # and the last reading stands.
     kv_tokens: int | None = None
+    # Requests the engine keeps KV for apart, one a slot (llama.cpp's total_slots); None: not
+    # read, or an engine with one shared pool.
+    kv_slots: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

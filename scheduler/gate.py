@@ -85,6 +85,25 @@ HOLD_MIN_S = 1.0
 GATE_MIN_RUNS = config.GATE_MIN_RUNS
 
 
+def known(replica: Replica) -> bool:
+    """Whether the gate can count anything on `replica`: its pool in tokens, or its slots."""
+    return replica.kv_tokens is not None or replica.kv_slots is not None
+
+
+def mode(replica: Replica) -> str:
+    """How the gate counts runs on `replica`, as the status document names it: "slots" (at most
+    one run a slot), "tokens" (working sets against the pool), or "off" and why."""
+    if replica.host_cache:
+        return "off: host cache"
+    if replica.gate_min_runs <= 0:
+        return "off: gate_min_runs = 0"
+    if replica.kv_slots is not None:
+        return "slots"
+    if replica.kv_tokens is not None:
+        return "tokens"
+    return "off: pool unknown"
+
+
 def capacity(replica: Replica) -> int | None:
     """The tokens held runs may take on `replica`, None where its pool is unknown (no gate)."""
     if replica.kv_tokens is None:
@@ -93,21 +112,32 @@ def capacity(replica: Replica) -> int | None:
 
 
 def gated(replica: Replica, working_set: int) -> bool:
-    """Whether the gate admits runs of `working_set` tokens on `replica`: its pool is known and
-    keeps at least `GATE_MIN_RUNS` of them warm. Where it keeps fewer, holding them idle through
-    their tools costs the engine more batch than their prefixes save (see the module docstring):
-    such runs are placed and pinned as without the gate."""
-    limit = capacity(replica)
+    """Whether the gate admits runs of `working_set` tokens on `replica`. Never where its engine
+    keeps evicted prefixes in host memory (they come back without being held) or its
+    `gate_min_runs` is 0. On a slot engine always: a run beyond its slots takes another run's
+    slot, whatever the sizes. On a shared pool where the pool is known and keeps at least
+    `gate_min_runs` of them warm: where it keeps fewer, holding them idle through their tools
+    costs the engine more batch than their prefixes save (see the module docstring), and such
+    runs are placed and pinned as without the gate."""
     need = replica.gate_min_runs
-    return limit is not None and need > 0 and limit >= need * max(working_set, 1)
+    if replica.host_cache or need <= 0:
+        return False
+    if replica.kv_slots is not None:
+        return True
+    limit = capacity(replica)
+    return limit is not None and limit >= need * max(working_set, 1)
 
 
-def fits(replica: Replica, held_tokens: int, working_set: int) -> bool:
-    """Whether a run of `working_set` tokens may be placed on `replica`, whose held runs' working
-    sets come to `held_tokens`. Where the gate is off for such a run (`gated`), every run fits;
-    where it is on, an empty replica has room for ten of it, so the gate never idles an engine."""
+def fits(replica: Replica, held_tokens: int, held_runs: int, working_set: int) -> bool:
+    """Whether a run of `working_set` tokens may be placed on `replica`, which holds `held_runs`
+    runs whose working sets come to `held_tokens`. Where the gate is off for such a run
+    (`gated`), every run fits. On a slot engine, one run a slot; on a shared pool, the sizes
+    against the pool: an empty replica has room for `gate_min_runs` of it, so either way the
+    gate never idles an engine beside a waiting run."""
     if not gated(replica, working_set):
         return True
+    if replica.kv_slots is not None:
+        return held_runs < replica.kv_slots
     limit = capacity(replica)
     assert limit is not None  # `gated` says it is known
     return held_tokens + working_set <= limit

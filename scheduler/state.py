@@ -81,6 +81,12 @@ class Replica:
     kv_configured: bool = False
     # The fewest runs of a size its pool must keep warm for the gate to hold them (gate.py).
     gate_min_runs: int = GATE_MIN_RUNS
+    # Slots its engine keeps each request's KV apart in (llama.cpp's; see gate.py): the config's
+    # `kv_slots` when set (`slots_configured`), else as the engine last said; None: a shared pool.
+    kv_slots: int | None = None
+    slots_configured: bool = False
+    # Whether its engine keeps evicted prefixes in host memory: the gate then holds no runs here.
+    host_cache: bool = False
 
 
 class Run(NamedTuple):

@@ -187,7 +187,10 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             # and the gate is off here), what held runs may take of it, and the runs it holds.
             "kv_tokens": r.kv_tokens,
             "kv_source": _kv_source(r),
-            "gate": "off" if gate.capacity(r) is None else "on",
+            # "slots", "tokens", or "off: <why>" (gate.mode); slots as the engine or config says.
+            "gate": gate.mode(r),
+            "kv_slots": r.kv_slots,
+            "host_cache": r.host_cache,
             "kv_capacity": gate.capacity(r),
             "held_runs": state.held_runs.get(r.name, 0),
             "held_kv_tokens": state.held_kv.get(r.name, 0),

@@ -31,12 +31,15 @@ def spec(
     lookahead: int = LOOKAHEAD,
     kv_tokens: int | None = None,
     gate_min_runs: int = GATE_MIN_RUNS,
+    kv_slots: int | None = None,
+    host_cache: bool = False,
 ) -> ReplicaSpec:
     """A replica serving `models` (default "m"); `lookahead` 0 takes any number of our turns;
-    `kv_tokens`: its KV pool as configured (None: as its probes say); `gate_min_runs` 0: no gate."""
+    `kv_tokens`: its KV pool as configured (None: as its probes say); `gate_min_runs` 0: no gate;
+    `kv_slots`: a slot engine's slots as configured; `host_cache`: its engine keeps evicted prefixes."""
     return ReplicaSpec(
         name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead, kv_tokens,
-        gate_min_runs,
+        gate_min_runs, kv_slots, host_cache,
     )  # fmt: skip
 
 
@@ -126,10 +129,13 @@ class Pool:
         waiting: int | None = None,
         sent_at: float | None = None,
         kv_tokens: int | None = None,
+        kv_slots: int | None = None,
     ) -> tuple[Action, ...]:
         """A probe answered now; `sent_at`: when the load was asked for (default: now);
-        `kv_tokens`: the KV pool the engine said it has (None: not read)."""
-        return self.feed(ReplicaProbed(name, healthy, running, waiting, self.now, sent_at, kv_tokens))
+        `kv_tokens`, `kv_slots`: the KV pool and slots the engine said it has (None: not read)."""
+        return self.feed(
+            ReplicaProbed(name, healthy, running, waiting, self.now, sent_at, kv_tokens, kv_slots)
+        )
 
     def tick(self) -> tuple[Action, ...]:
         return self.feed(Tick(self.now))

@@ -226,3 +226,27 @@ def test_a_caller_whose_tools_answer_at_once_still_keeps_its_place_for_a_second(
     pool.wait(0.05)  # more than 1.25 times its pauses: still held
     pool.tick()
     assert pool.state.runs["run-t0"].replica == "a"
+
+
+def test_on_a_slot_engine_a_replica_holds_one_run_a_slot_whatever_their_size():
+    # llama.cpp keeps each request's KV in a slot of its own: a fifth run on four slots takes a
+    # paused run's slot, however small the runs are against the tokens the slots hold.
+    pool = Pool(spec("a", lookahead=0, kv_slots=4), spec("b", lookahead=0))
+    pool.probe("b", running=0, waiting=0, kv_slots=2)
+    assert [new_run(pool, f"t{i}") for i in range(7)] == ["a", "b", "a", "b", "a", "a", None]
+    done(pool, "t1", tool_calls=True)
+    assert new_run(pool, "late") is None  # t1, paused on its tool, keeps its slot
+    done(pool, "t0", tool_calls=True)
+    assert placements(pool.end_run("run-t0")) == [("t6", "a")]
+    # The config's slots stand against what a probe says; a probe's stand until the next one.
+    pool.probe("a", running=0, waiting=0, kv_slots=16)
+    pool.probe("b", running=0, waiting=0)
+    assert (pool.state.replicas["a"].kv_slots, pool.state.replicas["b"].kv_slots) == (4, 2)
+
+
+def test_where_the_engine_keeps_evicted_prefixes_in_host_memory_the_gate_holds_no_runs():
+    pool = Pool(spec("a", lookahead=0, kv_slots=4, host_cache=True))
+    assert [new_run(pool, f"t{i}") for i in range(6)] == ["a"] * 6
+    done(pool, "t0", tool_calls=True)
+    assert pool.state.runs["run-t0"].hold_until is None
+    assert gate.mode(pool.state.replicas["a"]) == "off: host cache"

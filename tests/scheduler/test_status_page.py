@@ -406,7 +406,12 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
         engine.close()
 
     a, b = doc["replicas"]
-    assert (a["kv_source"], a["gate"], a["held_runs"], b["gate"]) == ("config", "on", 1, "off")
+    assert (a["kv_source"], a["gate"], a["held_runs"], b["gate"]) == (
+        "config",
+        "tokens",
+        1,
+        "off: pool unknown",
+    )
     replicas = {r[0]: r for r in page.bodies["replicas"]}
     assert replicas["fake-a"][9] == f"{a['held_kv_tokens']} / {a['kv_capacity']} · 1 run"
     assert replicas["fake-b"][9] == "gate off · 0 runs"
