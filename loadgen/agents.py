@@ -7,12 +7,22 @@ answer (`loadgen.conversation`) and sends again. A text reply ends the run: the 
 proxy (`DELETE /v1/runs/{id}`) and starts the next run at once. A failed turn is retried with the
 same run id after a second, as the failure-semantics table advises. The messages are the ones
 the simulator's agents send, so a real run and a simulated one can be compared turn for turn.
+
+In front of a real model, whose replies are random text as far as the agent can tell, the agent
+decides a run's length itself (`LoadSpec.tool_calls`): it draws the run's number of tool calls
+from a seeded RNG, and after each turn it appends the reply (the model's tool call, or its text
+with a call of the agent's own) and the tool's result, until that many calls are done; the next
+reply ends the run. With `LoadSpec.pin_urls` it talks to engines directly, each run pinned to one
+of them by a stable hash of its run id (no front, so no run end is sent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
+import random
 import statistics
 import time
 import uuid
@@ -56,6 +66,15 @@ class LoadSpec:
     """Distinguishes the contexts of two loadgen processes started with the same options."""
     warmup_s: float = 0.0
     """Runs and turns ending before this are not counted: the pool first fills from cold."""
+    max_tokens: int = MAX_TOKENS
+    tool_calls: tuple[int, int] | None = None
+    """When set, (fewest, most) tool calls a run makes, drawn per run from an RNG seeded by the
+    seed, caller and agent, whatever the replies say; run ids are then a function of the same."""
+    pin_urls: tuple[str, ...] = ()
+    """When set, engines' base URLs: each run goes to one of them by its run id (`pinned`), and
+    `url` is not used."""
+    end_runs: bool = True
+    """Whether a run's end is sent (`DELETE /v1/runs/{id}`): the front must be luftpause's."""
 
 
 @dataclass
@@ -90,7 +109,8 @@ class Tally:
                 return None
             if len(self.run_times) == 1:
                 return round(self.run_times[0], 2)
-            return round(statistics.quantiles(self.run_times, n=10, method="inclusive")[int(q * 10) - 1], 2)
+            cuts = statistics.quantiles(self.run_times, n=100, method="inclusive")
+            return round(cuts[round(q * 100) - 1], 2)
 
         return {
             "agents": spec.agents,
@@ -101,6 +121,7 @@ class Tally:
             "runs_per_min": round(self.runs / (spec.duration_s / 60.0), 2),
             "run_time_p50_s": quantile(0.5),
             "run_time_p90_s": quantile(0.9),
+            "run_time_p99_s": quantile(0.99),
             "turns": self.turns,
             "tool_calls": self.tool_calls,
             "errors": self.errors,
@@ -116,7 +137,7 @@ async def _turn(
         "model": spec.model,
         "messages": messages,
         "tools": TOOLS,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": spec.max_tokens,
     }
     if not spec.stream:
         r = await client.post("/v1/chat/completions", json=body, headers=headers)
@@ -153,11 +174,62 @@ async def _turn(
     return message, replica
 
 
+def pinned(run_id: str, n: int) -> int:
+    """Which of `n` engines a run goes to without a front: a stable hash of its id (the same in
+    every process and every Python, unlike `hash`)."""
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") % n
+
+
+def agents_own_call(run_id: str, k: int, rng: random.Random) -> dict[str, Any]:
+    """The tool call an agent makes itself after a reply that made none (or one it cannot use)."""
+    name = rng.choice([t["function"]["name"] for t in TOOLS])
+    query = f"fact {k + 1} of task {run_id[:8]}"
+    return {
+        "id": f"call_{run_id[:8]}_{k}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps({"query": query})},
+    }
+
+
+def _usable_call(call: dict[str, Any]) -> bool:
+    """A model's tool call the agent can answer and send back: a known tool, JSON object arguments."""
+    function = call.get("function") or {}
+    if function.get("name") not in {t["function"]["name"] for t in TOOLS}:
+        return False
+    try:
+        return isinstance(json.loads(function.get("arguments") or ""), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def planned_step(
+    reply: dict[str, Any], run_id: str, k: int, rng: random.Random
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """After the k-th (from 0) turn of a run with tool calls still to make: the assistant message
+    to append (the reply with one tool call, the model's if usable, else the agent's own, text
+    kept) and the call to answer."""
+    calls = [c for c in reply.get("tool_calls") or () if isinstance(c, dict)]
+    call = calls[0] if calls and _usable_call(calls[0]) else agents_own_call(run_id, k, rng)
+    if not call.get("id"):
+        call = {**call, "id": f"call_{run_id[:8]}_{k}"}
+    message = {"role": "assistant", "content": reply.get("content") or None, "tool_calls": [call]}
+    return message, call
+
+
 async def _agent(
-    client: httpx.AsyncClient, spec: LoadSpec, index: int, deadline: float, tally: Tally
+    clients: list[httpx.AsyncClient], spec: LoadSpec, index: int, deadline: float, tally: Tally
 ) -> None:
+    rng = random.Random(f"{spec.seed}/{spec.caller}/{index}")
+    k = 0
     while time.monotonic() < deadline:
-        run_id = uuid.uuid4().hex
+        if spec.tool_calls is None:
+            run_id = uuid.uuid4().hex
+            planned: int | None = None
+        else:
+            run_id = hashlib.sha256(f"{spec.seed}/{spec.caller}/{index}/{k}".encode()).hexdigest()[:32]
+            planned = rng.randint(*spec.tool_calls)
+        k += 1
+        client = clients[pinned(run_id, len(clients))]
         headers = {
             "x-luftpause-run-id": run_id,
             "x-luftpause-class": spec.service_class,
@@ -165,6 +237,7 @@ async def _agent(
         }
         messages = first_messages(f"{spec.seed}/{spec.caller}/{index}/{run_id}", spec.context_chars)
         started = time.monotonic()
+        made = 0
         while True:
             tally.in_flight += 1
             try:
@@ -175,19 +248,27 @@ async def _agent(
                 continue
             finally:
                 tally.in_flight -= 1
-            calls = reply.get("tool_calls") or []
+            if planned is None:
+                call = (reply.get("tool_calls") or [None])[0]
+            elif made < planned:
+                reply, call = planned_step(reply, run_id, made, rng)
+            else:
+                call = None
             if tally.counting():
                 tally.turns += 1
                 tally.replicas[replica] += 1
-                tally.tool_calls += 1 if calls else 0
-            if not calls:
+                tally.tool_calls += 1 if call is not None else 0
+            if call is None:
                 break
+            made += 1
             messages.append(reply)
             await asyncio.sleep(spec.tool_latency_s)
-            messages.append(tool_result_message(calls[0]))
+            messages.append(tool_result_message(call))
         if tally.counting() and time.monotonic() <= deadline:
             tally.runs += 1
             tally.run_times.append(time.monotonic() - started)
+        if not spec.end_runs:
+            continue
         try:
             await client.delete(f"/v1/runs/{run_id}", headers=headers)
         except httpx.HTTPError:
@@ -225,8 +306,12 @@ async def run_load(
     tally.counting_from = tally.started + spec.warmup_s
     deadline = tally.counting_from + spec.duration_s
     limits = httpx.Limits(max_connections=spec.agents + 8, max_keepalive_connections=spec.agents + 8)
-    async with httpx.AsyncClient(base_url=spec.url, timeout=600.0, limits=limits) as client:
-        agents = [asyncio.create_task(_agent(client, spec, i, deadline, tally)) for i in range(spec.agents)]
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=600.0, limits=limits))
+            for url in spec.pin_urls or (spec.url,)
+        ]
+        agents = [asyncio.create_task(_agent(clients, spec, i, deadline, tally)) for i in range(spec.agents)]
         await until_deadline(agents, deadline, tally, progress_every_s)
     if progress_every_s:
         print("\r" + tally.progress(), file=sys.stderr, flush=True)
