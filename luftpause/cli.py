@@ -288,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
             "admit_latency",
             "engine_parser",
             "mcp_flood",
+            "real_flood",
             "routing",
             "single_pass",
             "soak",
