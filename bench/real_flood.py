@@ -79,6 +79,7 @@ MODEL_NAME = "flood-model"
 CLASSES = ("interactive", "batch")
 RATIO_KEYS = ("interactive_runs_per_min", "interactive_p50_s", "batch_runs_per_min", "turns")
 PROGRESS_EVERY_S = 10.0
+METRICS_TIMEOUT_S = 60.0
 # The CPU window closes this long before the agents' deadline, while every process is still there.
 CPU_WINDOW_MARGIN_S = 0.5
 COUNTERS = {
@@ -198,12 +199,17 @@ def parse_counters(text: str) -> dict[str, float]:
 
 
 async def read_counters(client: httpx.AsyncClient, engines: Sequence[str]) -> dict[str, float]:
-    """The counters summed over the engines."""
-    total = dict.fromkeys(COUNTERS, 0.0)
-    for url in engines:
-        reply = await client.get(f"{url}/metrics", timeout=5)
+    """The counters summed over the engines, read side by side. llama-server answers /metrics
+    from its main loop, after the batch it is computing: seconds, on a busy shared core."""
+
+    async def one(url: str) -> dict[str, float]:
+        reply = await client.get(f"{url}/metrics", timeout=METRICS_TIMEOUT_S)
         reply.raise_for_status()
-        for key, value in parse_counters(reply.text).items():
+        return parse_counters(reply.text)
+
+    total = dict.fromkeys(COUNTERS, 0.0)
+    for counters in await asyncio.gather(*(one(url) for url in engines)):
+        for key, value in counters.items():
             total[key] += value
     return total
 
@@ -439,7 +445,8 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
 
 def ratios(rows: list[dict[str, Any]], baseline: str, host_cache: str) -> dict[str, Any]:
     """luftpause over `baseline` with the host cache `host_cache`: per repeat where both rows
-    count, each of RATIO_KEYS; then the median and spread of each."""
+    count (and the baseline finished an interactive run), each of RATIO_KEYS; then the median
+    and spread of each."""
     per_repeat = []
     for r in sorted({row["repeat"] for row in rows}):
         of = {row["arm"]: row for row in rows if (row["repeat"], row["host_cache"]) == (r, host_cache)}
@@ -451,6 +458,8 @@ def ratios(rows: list[dict[str, Any]], baseline: str, host_cache: str) -> dict[s
             a, b = ours["real"].get(key), theirs["real"].get(key)
             entry[key] = round(a / b, 3) if a is not None and b else None
         left_out = [f"{row['arm']}: {row['why_not']}" for row in (ours, theirs) if not row["counts"]]
+        if not left_out and entry["interactive_runs_per_min"] is None:
+            left_out.append(f"{baseline} finished no interactive run")
         entry["counts"] = not left_out
         entry["why_not"] = "; ".join(left_out) or None
         per_repeat.append(entry)
@@ -548,6 +557,12 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[s
         f"repeat {row['repeat'] + 1} {row['host_cache']} {row['arm']}: {row['why_not']}"
         for row in rows
         if not row["counts"]
+    ]
+    left_out += [
+        f"repeat {e['repeat'] + 1} {r['host_cache']} against {r['baseline']}: {e['why_not']}"
+        for r in summary["ratios"]
+        for e in r["repeats"]
+        if not e["counts"] and e["why_not"].endswith("finished no interactive run")
     ]
     if left_out:
         lines += ["", "Not counted: " + "; ".join(left_out) + "."]
@@ -692,7 +707,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     except (RuntimeError, OSError, ValueError, httpx.HTTPError) as e:
                         failed = True
                         row["real"] = {"failed": str(e)}
-                        row["counts"], row["why_not"] = False, "failed: " + str(e).splitlines()[0]
+                        why = (str(e) or type(e).__name__).splitlines()[0]
+                        row["counts"], row["why_not"] = False, "failed: " + why
                     rows.append(row)
                     real = row["real"]
                     print(

@@ -142,6 +142,11 @@ def test_ratios_take_the_repeats_where_both_count_and_the_verdict_reads_them() -
     assert r["verdict"] == "interactive ahead in every counted repeat (2.00x), batch -5%"
     assert real_flood.ratios(rows, "sglang-router", "off")["verdict"] == "no verdict: no repeat counted"
 
+    # A baseline that finished no interactive run gives no ratio: that repeat does not count.
+    rows.append(_row(0, "off", "sglang-router", 0, 20, 20))
+    r = real_flood.ratios(rows, "sglang-router", "off")
+    assert r["counted"] == 0 and r["repeats"][0]["why_not"] == "sglang-router finished no interactive run"
+
     m = real_flood.medians(rows)["off"]
     assert m["straight"]["interactive_runs_per_min"] == {"median": 4.5, "low": 4, "high": 5, "n": 2}
     assert m["luftpause"]["interactive_runs_per_min"]["n"] == 3  # its third row counts on its own
@@ -162,6 +167,11 @@ def test_the_report_has_every_row_the_medians_and_the_ratios(tmp_path: Path) -> 
     assert "| off | luftpause | 8.00 | 12.00 | 24.00 | 20.00 | 280.00 | 0.50 | 1 |" in text
     assert "| on | sglang-router | 1.14 |" in text  # luftpause's 8 interactive runs/min over 7
     assert "Not counted: repeat 2 off luftpause: CPU saturated" in text
+    rows.append(_row(1, "off", "straight", 0, 20, 11))
+    rows[-2]["counts"] = True
+    summary["ratios"] = [real_flood.ratios(rows, "straight", "off")]
+    text = real_flood.report(_args(repeats=2), rows, summary)
+    assert "Not counted: repeat 2 off against straight: straight finished no interactive run." in text
     png = real_flood.plot(tmp_path / "x.png", rows)
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
