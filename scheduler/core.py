@@ -871,13 +871,28 @@ def _confirm(tx: _Tx, turn: Turn) -> None:
 
 def _confirm_next(tx: _Tx, replica: str) -> None:
     """A turn of ours finished on `replica`: the oldest of ours waiting there is what its engine
-    starts next. Only a turn whose reply is not streamed is confirmed this way; a streamed one
-    says so itself with its first token, exactly."""
+    starts next. Only a turn whose reply is not streamed is confirmed this way, or any turn on a
+    slot engine (`_confirm_on_a_free_slot`); a streamed one says so itself with its first token,
+    exactly, but only after its prefill."""
     waiting = tx.unconfirmed.get(replica)
     if not waiting:
         return
     turn = tx.turns[waiting.first()[-1]]
-    if turn.streamed is False:
+    if turn.streamed is False or tx.replicas[replica].kv_slots is not None:
+        _confirm(tx, turn)
+
+
+def _confirm_on_a_free_slot(tx: _Tx, turn: Turn, replica: Replica) -> None:
+    """A slot engine (llama.cpp: `kv_slots`) starts a request the moment it has a free slot, and
+    it has one while our turns there are no more than its slots and its last reading showed
+    nothing of others' queued: the turn just placed is running, not waiting. Counting it as
+    waiting until its first token would leave a slot idle through each prefill, which on such an
+    engine is the longest part of a turn. Another client's requests running there take slots
+    this cannot see; its probes correct the count (`_confirm_by_reading`)."""
+    slots = replica.kv_slots
+    if slots is None or replica.others_waiting or admission.uncapped(replica):
+        return
+    if tx.in_flight_by_replica.get(replica.name, 0) <= slots:
         _confirm(tx, turn)
 
 
@@ -1188,6 +1203,7 @@ def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
     tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, placed)
     _count_placed(tx, placed, 1)
+    _confirm_on_a_free_slot(tx, placed, replica)
     run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
     if run is not None:
         # A paused interactive run coming back turns its kept slot into a turn (see `_set_run`).

@@ -1014,3 +1014,26 @@ def test_many_held_turns_of_one_caller_do_not_delay_another_caller():
     pool.arrive("q1", caller="quiet")
     assert placements(pool.complete("f0")) == [("q1", "a")]
     assert placements(pool.complete("f1")) == [("f2", "a")]
+
+
+def test_a_slot_engine_with_a_free_slot_is_running_our_turn_and_it_waits_only_beyond_its_slots():
+    # llama.cpp starts a request the moment a slot is free: four turns on four slots are running,
+    # however long their prefills take before a first token; only turns beyond them wait there.
+    # (Its host cache on, the run gate holds no runs: this is the lookahead alone.)
+    pool = Pool(spec("a", lookahead=2, kv_slots=4, host_cache=True))
+    for i in range(6):
+        assert placements(pool.arrive(f"t{i}", run_id=f"r{i}")) == [(f"t{i}", "a")]
+    assert pool.unconfirmed("a") == ["t4", "t5"]
+    assert pool.arrive("t6", run_id="r6") == ()
+    # A turn ending frees its slot: the oldest waiting starts, streamed or not.
+    pool.start("t4", "t5", streamed=True)
+    assert placements(pool.complete("t0")) == [("t6", "a")]
+    assert pool.unconfirmed("a") == ["t5", "t6"]
+
+
+def test_a_slot_engine_whose_queue_holds_others_requests_confirms_none_at_placement():
+    pool = Pool(spec("a", lookahead=2, kv_slots=4, host_cache=True))
+    # Another client's request waits there: its slots are all taken, and ours waits behind it.
+    pool.probe("a", running=4, waiting=1)
+    assert placements(pool.arrive("t0")) == [("t0", "a")]
+    assert pool.unconfirmed("a") == ["t0"]

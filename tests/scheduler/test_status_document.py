@@ -51,7 +51,9 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "reserved": 0,
             "kv_tokens": None,
             "kv_source": None,
-            "gate": "off",
+            "gate": "off: pool unknown",
+            "kv_slots": None,
+            "host_cache": False,
             "kv_capacity": None,
             # r0 and r1 generate there; the gate is off, but a replica still holds its runs.
             "held_runs": 2,
@@ -76,7 +78,9 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "reserved": 0,
             "kv_tokens": None,
             "kv_source": None,
-            "gate": "off",
+            "gate": "off: pool unknown",
+            "kv_slots": None,
+            "host_cache": False,
             "kv_capacity": None,
             "held_runs": 0,
             "held_kv_tokens": 0,
@@ -100,7 +104,9 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "reserved": 0,
             "kv_tokens": None,
             "kv_source": None,
-            "gate": "off",
+            "gate": "off: pool unknown",
+            "kv_slots": None,
+            "host_cache": False,
             "kv_capacity": None,
             "held_runs": 1,
             "held_kv_tokens": REPLY_RESERVE_DEFAULT,
@@ -241,7 +247,7 @@ def test_each_replica_shows_its_kv_pool_where_it_was_read_and_the_runs_it_holds(
     assert _gate_fields(a) == {
         "kv_tokens": 10000,
         "kv_source": "config",
-        "gate": "on",
+        "gate": "tokens",
         "kv_capacity": int(10000 * (1 - KV_HEADROOM)),
         "held_runs": 2,
         "held_kv_tokens": 2300 + 4000,
@@ -249,14 +255,14 @@ def test_each_replica_shows_its_kv_pool_where_it_was_read_and_the_runs_it_holds(
     assert _gate_fields(b) == {
         "kv_tokens": None,
         "kv_source": None,
-        "gate": "off",
+        "gate": "off: pool unknown",
         "kv_capacity": None,
         "held_runs": 0,
         "held_kv_tokens": 0,
     }
     pool.probe("b", kv_tokens=50000)  # its engine says what it has
     b = status_document(pool.state, pool.now)["replicas"][1]
-    assert (b["kv_tokens"], b["kv_source"], b["gate"], b["kv_capacity"]) == (50000, "engine", "on", 45000)
+    assert (b["kv_tokens"], b["kv_source"], b["gate"], b["kv_capacity"]) == (50000, "engine", "tokens", 45000)
 
 
 def test_runs_waiting_to_be_admitted_by_class_with_the_oldest_wait():
