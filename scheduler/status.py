@@ -36,8 +36,18 @@ from starlette.exceptions import HTTPException
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.errors import error_body
-from luftpause.scheduler import admission, gate
-from luftpause.scheduler.state import Kind, Phase, Replica, Run, ServiceClass, State, Turn, pinned_to
+from luftpause.scheduler import admission, fairness, gate
+from luftpause.scheduler.state import (
+    RESERVED_CALLER,
+    Kind,
+    Phase,
+    Replica,
+    Run,
+    ServiceClass,
+    State,
+    Turn,
+    pinned_to,
+)
 
 
 def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
@@ -139,6 +149,19 @@ def keep_s(run: Run, now: float) -> float | None:
     return round(max(run.hold_until - now, 0.0), 3)
 
 
+def _fairness_document(state: State, now: float) -> dict[str, Any]:
+    return {
+        # Within a class the caller with the least attained service goes first (fairness.py):
+        # per caller, the engine tokens its turns asked for, decayed at this half-life.
+        "half_life_s": fairness.HALF_LIFE_S,
+        "attained_tokens": {
+            caller: round(fairness.attained_tokens(key, now))
+            for caller, key in sorted(state.attained.items())
+            if caller != RESERVED_CALLER
+        },
+    }
+
+
 def _gate_document(state: State) -> dict[str, Any]:
     return {
         # Share of each pool held runs may not take, and the longest a paused run keeps its place.
@@ -229,6 +252,7 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "by_caller": dict(sorted(Counter(r.caller for r in runs).items())),
         },
         "gate": _gate_document(state),
+        "fairness": _fairness_document(state, now),
     }
 
 

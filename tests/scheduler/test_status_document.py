@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 from scheduler_pool import Pool, spec
 
+from luftpause.scheduler import fairness
 from luftpause.scheduler.gate import HOLD_MAX_S, KV_HEADROOM, REPLY_RESERVE_DEFAULT, TOKENS_PER_BYTE
 from luftpause.scheduler.status import HeldHistory, build_app, run_document, status_document
 
@@ -326,3 +327,11 @@ def test_the_gate_section_shows_its_constants_what_each_model_taught_and_each_ca
     pool.arrive("t4", run_id="r1", caller="alice")
     gate_doc = status_document(pool.state, pool.now)["gate"]
     assert list(gate_doc["keep_s"]) == ["alice"] and 1.0 < gate_doc["keep_s"]["alice"] < HOLD_MAX_S
+
+
+def test_each_callers_attained_service_is_shown_decayed_and_a_caller_still_waiting_has_none():
+    pool = _gated_pool()  # alice's two runs placed, asking 2000 and 4000 tokens, 3 s ago
+    fairness_doc = status_document(pool.state, pool.now)["fairness"]
+    assert fairness_doc["half_life_s"] == fairness.HALF_LIFE_S
+    decayed = 6000 * 2 ** (-3 / fairness.HALF_LIFE_S)
+    assert fairness_doc["attained_tokens"] == {"alice": round(decayed)}
