@@ -294,6 +294,8 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
                 read_at=old.read_at,
                 kv_tokens=fresh.kv_tokens if fresh.kv_configured else old.kv_tokens,
                 kv_slots=fresh.kv_slots if fresh.slots_configured else old.kv_slots,
+                prompt_tokens=old.prompt_tokens,
+                cached_tokens=old.cached_tokens,
             )
         replicas[spec.name] = fresh
         for model in spec.models:
@@ -347,6 +349,8 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
         replica = dataclasses.replace(replica, kv_tokens=e.kv_tokens)
     if e.kv_slots is not None and e.kv_slots > 0 and not replica.slots_configured:
         replica = dataclasses.replace(replica, kv_slots=e.kv_slots)
+    if e.prompt_tokens is not None and e.cached_tokens is not None:
+        replica = dataclasses.replace(replica, prompt_tokens=e.prompt_tokens, cached_tokens=e.cached_tokens)
     tx.replicas = tx.replicas.set(e.name, replica)
     sent_at = e.sent_at if e.sent_at is not None else e.at
     if replica.load_from:

@@ -87,6 +87,11 @@ class Replica:
     slots_configured: bool = False
     # Whether its engine keeps evicted prefixes in host memory: the gate then holds no runs here.
     host_cache: bool = False
+    # Its engine's prompt-cache counters as last read (ReplicaProbed): prompt tokens taken since
+    # it started, and of those the ones its prefix cache gave back; None: never read. Shown in
+    # /status and the scheduler's /metrics; no decision reads them.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class Run(NamedTuple):

@@ -2,7 +2,8 @@
 
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
 limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
-running and waiting counts, and for the run gate (gate.py) its KV pool, what held runs may take
+running and waiting counts, the share of the engine's prompt tokens its prefix cache gave back
+since it started, and for the run gate (gate.py) its KV pool, what held runs may take
 of it and the runs it holds with their working sets; the turns held here by class and by caller
 with the oldest wait, and of them the runs waiting to be admitted (no replica holds them yet);
 the runs by phase, by class and by caller; the gate's constants, each model's learnt tokens per
@@ -141,6 +142,15 @@ def _kv_source(replica: Replica) -> str | None:
     return "config" if replica.kv_configured else "engine"
 
 
+def prompt_cache_share(replica: Replica) -> float | None:
+    """Of the prompt tokens `replica`'s engine took since it started, the share its prefix cache
+    gave back (cached / all, 0 to 1), as its last /metrics page said; None where that page has no
+    such counters (prober.CACHE_METRICS) or the engine took no prompt yet."""
+    if replica.prompt_tokens is None or replica.cached_tokens is None or replica.prompt_tokens <= 0:
+        return None
+    return round(min(replica.cached_tokens / replica.prompt_tokens, 1.0), 4)
+
+
 def keep_s(run: Run, now: float) -> float | None:
     """Seconds left of a paused run's keep time on its replica; None when it has none (generating,
     let go, idle, or on a replica whose pool is unknown)."""
@@ -217,6 +227,12 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "kv_capacity": gate.capacity(r),
             "held_runs": state.held_runs.get(r.name, 0),
             "held_kv_tokens": state.held_kv.get(r.name, 0),
+            # The engine's prompt-cache counters since it started (None: not on its /metrics
+            # page): prompt tokens taken, cached ones included, those its cache gave back, and
+            # the share they make. Shown only: no decision reads them.
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "prompt_cache_share": prompt_cache_share(r),
         }
         for r in state.replicas_in_order()
     ]
