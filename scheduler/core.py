@@ -48,10 +48,11 @@ gate.py's; a pinned run's turn is never held for that room.
 
 Draining. After every event that may let a held turn go somewhere (a replica gained room, or a
 held turn entered a group it was not in: it arrived, or its run's pin moved), held turns are
-tried in order: interactive before batch, then the caller with the fewest turns in flight (so one
-caller's flood cannot starve another), then arrival. A turn that cannot be placed (its pinned
+tried in order: interactive before batch, then the caller with the least attained service (the
+engine tokens its turns asked for lately: fairness.py; so one caller's flood cannot starve
+another), then the fewest turns in flight, then arrival. A turn that cannot be placed (its pinned
 replica is full) does not block the ones behind it. The order is re-evaluated after each
-placement, since placing a turn changes its caller's count. So after every decision no held turn
+placement, since placing a turn changes its caller's standing. So after every decision no held turn
 has a replica it could go to.
 
 Reservations. While nothing is held, a placement is foregone, so a dataplane that asks is
@@ -63,7 +64,7 @@ dataplanes never ask decides exactly as without them: the simulator's never do.
 Cost. Nothing here scans every turn or run. Held turns are indexed by group: (kind, model, the
 replica their run is pinned to, class). All turns of a group can go to the same replicas, so the
 drain asks "is there room?" once per group, and each group keeps its callers in a sorted set keyed
-(turns in flight, first arrival), so the group's first key is the turn it would place next. Under a
+((attained service, turns in flight), first arrival), so the group's first key is the turn it would place next. Under a
 caller, a run's turns of one group form a lane that enters the group by its first turn only, so a
 run whose pin moves moves one entry per lane. Placed turns and quiet runs sit in sorted sets by
 time, so expiry looks only at what is due. Each index is a persistent map or B-tree: a decision
@@ -80,7 +81,7 @@ from typing import Any
 from immutables import Map
 
 from luftpause import lifecycle
-from luftpause.scheduler import admission, gate
+from luftpause.scheduler import admission, fairness, gate
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
     DataplaneLeft,
@@ -223,6 +224,7 @@ class _Tx:
     hold_order: SortedSet
     pause_samples: Map[str, tuple[float, ...]]
     tokens_per_byte: Map[str, float]
+    attained: Map[str, float]
 
     __slots__ = (*State._fields, "may_place", "entered")
     # Set by whatever may let a held turn be placed; see `decide`.
@@ -292,6 +294,8 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
                 read_at=old.read_at,
                 kv_tokens=fresh.kv_tokens if fresh.kv_configured else old.kv_tokens,
                 kv_slots=fresh.kv_slots if fresh.slots_configured else old.kv_slots,
+                prompt_tokens=old.prompt_tokens,
+                cached_tokens=old.cached_tokens,
             )
         replicas[spec.name] = fresh
         for model in spec.models:
@@ -345,6 +349,8 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
         replica = dataclasses.replace(replica, kv_tokens=e.kv_tokens)
     if e.kv_slots is not None and e.kv_slots > 0 and not replica.slots_configured:
         replica = dataclasses.replace(replica, kv_slots=e.kv_slots)
+    if e.prompt_tokens is not None and e.cached_tokens is not None:
+        replica = dataclasses.replace(replica, prompt_tokens=e.prompt_tokens, cached_tokens=e.cached_tokens)
     tx.replicas = tx.replicas.set(e.name, replica)
     sent_at = e.sent_at if e.sent_at is not None else e.at
     if replica.load_from:
@@ -586,7 +592,7 @@ def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> Non
         max_tokens=t.max_tokens,
     )  # fmt: skip
     tx.next_seq += 1
-    _add_turn(tx, turn)
+    _add_turn(tx, turn, _charge(tx, turn))
     if _tracks_run(turn):
         _run_came_back(tx, t)
         _set_run(tx, turn.run_id, tx.runs[turn.run_id].placed_on(replica.name, tx.now))
@@ -754,13 +760,22 @@ def _open(tx: _Tx, run_id: str, delta: int) -> None:
         tx.quiet_order = tx.quiet_order.add(key) if after == 0 else tx.quiet_order.remove(key)
 
 
-def _add_turn(tx: _Tx, turn: Turn) -> None:
+def _add_turn(tx: _Tx, turn: Turn, charge: int = 0) -> None:
     tx.turns = tx.turns.set(turn.turn_id, turn)
     _open(tx, turn.run_id, 1)
     if turn.status is _HELD:
         _hold(tx, turn, _group(tx, turn))
     else:
-        _count_placed(tx, turn, 1)
+        _count_placed(tx, turn, 1, charge)
+
+
+def _charge(tx: _Tx, turn: Turn) -> int:
+    """The engine tokens a turn's placement adds to its caller's attained service (fairness.py):
+    its run's working set, or for a turn outside a run or of a run not yet sized, its estimate."""
+    run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
+    if run is not None and run.working_set > 0:
+        return run.working_set
+    return gate.estimated_working_set(turn.request_bytes, turn.max_tokens, tx.tokens_per_byte.get(turn.model))
 
 
 def _end_turn(
@@ -822,11 +837,15 @@ def _hold_until(tx: _Tx, run: Run, at: float) -> float | None:
     return at + gate.hold_for(tx.pause_samples.get(run.caller, ()))
 
 
-def _count_placed(tx: _Tx, turn: Turn, delta: int) -> None:
-    """Adds (1) or removes (-1) a placed turn from the in-flight counts and the timeout index."""
+def _count_placed(tx: _Tx, turn: Turn, delta: int, charge: int = 0) -> None:
+    """Adds (1) or removes (-1) a placed turn from the in-flight counts and the timeout index;
+    `charge`: the engine tokens its placement adds to its caller's attained service."""
     assert turn.replica is not None and turn.placed_at is not None
     tx.in_flight_by_replica = _bump(tx.in_flight_by_replica, turn.replica, delta)
-    _set_caller_in_flight(tx, turn.caller, tx.in_flight_by_caller.get(turn.caller, 0) + delta)
+    attained = tx.attained.get(turn.caller, fairness.NONE)
+    if charge > 0:
+        attained = fairness.attain(attained, charge, tx.now)
+    _set_caller_standing(tx, turn.caller, tx.in_flight_by_caller.get(turn.caller, 0) + delta, attained)
     key = (turn.placed_at, turn.seq, turn.turn_id)
     if turn.caller != RESERVED_CALLER:
         # A reservation lasts as long as its dataplane's stream, however quiet: it never times out.
@@ -871,13 +890,28 @@ def _confirm(tx: _Tx, turn: Turn) -> None:
 
 def _confirm_next(tx: _Tx, replica: str) -> None:
     """A turn of ours finished on `replica`: the oldest of ours waiting there is what its engine
-    starts next. Only a turn whose reply is not streamed is confirmed this way; a streamed one
-    says so itself with its first token, exactly."""
+    starts next. Only a turn whose reply is not streamed is confirmed this way, or any turn on a
+    slot engine (`_confirm_on_a_free_slot`); a streamed one says so itself with its first token,
+    exactly, but only after its prefill."""
     waiting = tx.unconfirmed.get(replica)
     if not waiting:
         return
     turn = tx.turns[waiting.first()[-1]]
-    if turn.streamed is False:
+    if turn.streamed is False or tx.replicas[replica].kv_slots is not None:
+        _confirm(tx, turn)
+
+
+def _confirm_on_a_free_slot(tx: _Tx, turn: Turn, replica: Replica) -> None:
+    """A slot engine (llama.cpp: `kv_slots`) starts a request the moment it has a free slot, and
+    it has one while our turns there are no more than its slots and its last reading showed
+    nothing of others' queued: the turn just placed is running, not waiting. Counting it as
+    waiting until its first token would leave a slot idle through each prefill, which on such an
+    engine is the longest part of a turn. Another client's requests running there take slots
+    this cannot see; its probes correct the count (`_confirm_by_reading`)."""
+    slots = replica.kv_slots
+    if slots is None or replica.others_waiting or admission.uncapped(replica):
+        return
+    if tx.in_flight_by_replica.get(replica.name, 0) <= slots:
         _confirm(tx, turn)
 
 
@@ -898,15 +932,27 @@ def _confirm_by_reading(tx: _Tx, name: str, sent_at: float) -> None:
         _confirm(tx, turn)
 
 
-def _set_caller_in_flight(tx: _Tx, caller: str, count: int) -> None:
-    """Changes a caller's count and re-keys it in every group where it has turns held."""
-    before = tx.in_flight_by_caller.get(caller, 0)
+def _standing(tx: _Tx, caller: str) -> tuple[float, int]:
+    """Where `caller` stands in the drain's order: the least attained service first, then the
+    fewest turns in flight (fairness.py)."""
+    return (tx.attained.get(caller, fairness.NONE), tx.in_flight_by_caller.get(caller, 0))
+
+
+def _set_caller_standing(tx: _Tx, caller: str, count: int, attained: float) -> None:
+    """Changes a caller's in-flight count and attained service and re-keys it in every group
+    where it has turns held."""
+    before = _standing(tx, caller)
     tx.in_flight_by_caller = (
         tx.in_flight_by_caller.set(caller, count) if count else tx.in_flight_by_caller.delete(caller)
     )
+    if attained != before[0]:
+        tx.attained = tx.attained.set(caller, attained)
+    after = (attained, count)
+    if after == before:
+        return
     for group in tx.caller_groups.get(caller, ()):
         head = tx.held_queues[(group, caller)].first()[0]
-        callers = tx.held_groups[group].replace((before, head, caller), (count, head, caller))
+        callers = tx.held_groups[group].replace((before, head, caller), (after, head, caller))
         tx.held_groups = tx.held_groups.set(group, callers)
 
 
@@ -961,7 +1007,7 @@ def _move_lane_head(tx: _Tx, lane: Lane, head: int, new_head: int, group: Group)
     tx.held_queues = tx.held_queues.set(key, queue)
     if head == first:
         # The lane stood for its caller in the group; whichever lane is first now does.
-        count = tx.in_flight_by_caller.get(caller, 0)
+        count = _standing(tx, caller)
         callers = tx.held_groups[group].replace((count, first, caller), (count, queue.first()[0], caller))
         tx.held_groups = tx.held_groups.set(group, callers)
 
@@ -972,7 +1018,7 @@ def _hold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
     caller = lane.caller
     key = (group, caller)
     queue = tx.held_queues.get(key)
-    count = tx.in_flight_by_caller.get(caller, 0)
+    count = _standing(tx, caller)
     callers = tx.held_groups.get(group, EMPTY)
     if queue is None:
         tx.held_queues = tx.held_queues.set(key, EMPTY.add((head, lane)))
@@ -992,7 +1038,7 @@ def _unhold_lane(tx: _Tx, lane: Lane, head: int, group: Group) -> None:
     queue = tx.held_queues[key]
     first = queue.first()[0]
     queue = queue.remove((head, lane))
-    count = tx.in_flight_by_caller.get(caller, 0)
+    count = _standing(tx, caller)
     callers = tx.held_groups[group]
     if not queue:
         tx.held_queues = tx.held_queues.delete(key)
@@ -1121,7 +1167,7 @@ def _entered_may_place(tx: _Tx, room_interactive: list[str], room_batch: list[st
 def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_batch: list[str]) -> None:
     """Places held turns, one at a time, the first in drain order that has somewhere to go.
 
-    Each group's first key is its best turn: (caller's turns in flight, arrival). Across groups,
+    Each group's first key is its best turn: (caller's standing, arrival). Across groups,
     interactive goes before batch. A group whose best turn cannot be placed has no turn that
     can, so it is passed over whole. Placing a turn changes its caller's count, and so the
     order, which is why each round starts again from the indexes. A placement only takes room
@@ -1187,7 +1233,8 @@ def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
     placed = turn.placed_on(replica.name, tx.now, tx.next_seq)
     tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, placed)
-    _count_placed(tx, placed, 1)
+    _count_placed(tx, placed, 1, _charge(tx, placed))
+    _confirm_on_a_free_slot(tx, placed, replica)
     run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
     if run is not None:
         # A paused interactive run coming back turns its kept slot into a turn (see `_set_run`).

@@ -87,6 +87,11 @@ class ReplicaProbed:
     # Requests the engine keeps KV for apart, one a slot (llama.cpp's total_slots); None: not
     # read, or an engine with one shared pool.
     kv_slots: int | None = None
+    # The engine's prompt-cache counters since it started (prober.CACHE_METRICS): the prompt
+    # tokens it took, cached ones included, and of those the ones its prefix cache gave back;
+    # None, both: not on this probe's /metrics page. Shown only; no decision reads them.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

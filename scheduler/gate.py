@@ -18,8 +18,8 @@ reservation) add up to what the engine needs to keep all of them warm. A turn of
 as before, within the lookahead: it is never made to wait for room. A new run, or one whose keep
 time ran out (it comes back as a new run, and may re-prefill), is placed only on a replica where
 the held working sets plus its own fit the pool less a headroom (`fits`); otherwise it waits, in
-the drain's order (interactive first, then the caller with fewest turns in flight, then
-arrival), until a run ends, lets go of its place, or shrinks. The gate holds runs only where the
+the drain's order (interactive first, then the caller with the least attained service, then
+arrival: fairness.py), until a run ends, lets go of its place, or shrinks. The gate holds runs only where the
 pool keeps at least `GATE_MIN_RUNS` of their size warm (`gated`; a replica's `gate_min_runs`): with fewer, keeping them through
 their tools leaves the engine too small a batch to be worth the prefill it saves, so such runs
 are placed and pinned as without the gate. So an empty replica always has room, and the gate

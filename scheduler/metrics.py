@@ -2,7 +2,7 @@
 
 Everything that mirrors the state (turns held by class and caller and the oldest wait, each
 replica's admission limit, turns in flight, reservations and health, its KV pool and the runs
-it holds with their working sets, the runs waiting for room, runs by class and phase, dataplane
+it holds with their working sets, its engine's prompt-cache counters, the runs waiting for room, runs by class and phase, dataplane
 streams) is computed at scrape time from the host's current state by a custom
 collector, so a decision costs nothing more for being watched. The counters (decisions by
 action, resyncs, probe failures per replica) are plain integers the host keeps (`HostCounts`)
@@ -172,6 +172,28 @@ class SchedulerCollector(Collector):
             healthy.add_metric([r.name], 1.0 if r.healthy else 0.0)
             failures.add_metric([r.name], self.counts.probe_failures[r.name])
         yield from (in_flight, limit, reserved, healthy, failures)
+        yield from self._prompt_cache(state)
+
+    def _prompt_cache(self, state: State) -> Iterable[Metric]:
+        """Each replica's engine's prompt-cache counters as its last /metrics page said them
+        (prober.CACHE_METRICS; only replicas whose page has them): the share of prompts its
+        prefix cache gave back is the second over the first, since the engine started, and
+        over a window their rates' ratio. They restart from 0 with the engine."""
+        prompt = CounterMetricFamily(
+            "luftpause_scheduler_replica_prompt_tokens",
+            "Prompt tokens each replica's engine took since it started, those from its prefix cache included.",
+            labels=["replica"],
+        )
+        cached = CounterMetricFamily(
+            "luftpause_scheduler_replica_cached_prompt_tokens",
+            "Of each replica's engine's prompt tokens, those its prefix cache gave back since it started.",
+            labels=["replica"],
+        )
+        for r in state.replicas_in_order():
+            if r.prompt_tokens is not None and r.cached_tokens is not None:
+                prompt.add_metric([r.name], r.prompt_tokens)
+                cached.add_metric([r.name], r.cached_tokens)
+        yield from (prompt, cached)
 
     def _gate(self, state: State, held: list[Turn]) -> Iterable[Metric]:
         """The run gate (gate.py): each replica's KV pool and the runs it holds, and the runs

@@ -7,13 +7,20 @@ replica unhealthy. Load is the engine's own count of requests it runs and reques
 summed over label sets (one engine may report per data-parallel rank or per model). A router
 (`load_from` set) is probed for health only.
 
+The same /metrics page gives the engine's prompt-cache counters where it has them
+(`CACHE_METRICS`): the prompt tokens it took since it started and, of those, the ones it reused
+from its prefix cache. The scheduler only shows them (/status, its /metrics); no decision reads
+them.
+
 The engine's KV capacity in tokens (what the run gate fits runs into, `gate.py`) is read where
 the engine says it: vLLM's `vllm:cache_config_info` gauge on the same /metrics page, at every
 probe; SGLang's `GET /get_server_info` and llama.cpp's `GET /slots` (or `/props`), which cost a
 request of their own, on the first healthy probe, on the first after the replica was unhealthy,
-and every `KV_READ_PERIOD_S` otherwise (`KvReadTimer`). A replica whose config sets `kv_tokens`
-is not asked: the config wins. An answer that does not say it gives no reading (None), never an
-error: the last reading stands.
+and every `KV_READ_PERIOD_S` otherwise (`KvReadTimer`). The same llama.cpp answers give its
+slots, one a request it keeps KV for (the length of the /slots list, or /props' `total_slots`
+where /slots is off). A replica whose config sets `kv_tokens`, or `kv_slots`, is not asked for
+that one: the config wins (`reads_kv_tokens`, `reads_kv_slots`). An answer that does not say it
+gives no reading (None), never an error: the last reading stands.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import asyncio
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import httpx
@@ -40,19 +47,23 @@ LOAD_METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def parse_load(text: str, metrics: str) -> tuple[int, int] | None:
-    """(running, waiting) from a Prometheus text page, or None when either metric is absent.
+def _totals(text: str, names: Collection[str]) -> dict[str, float]:
+    """Each of `names` that the Prometheus text page has, summed over its label sets.
 
     Lines that do not parse are skipped rather than failing the page: one odd metric from an
-    engine upgrade should not blind the scheduler to the two it needs.
+    engine upgrade should not blind the scheduler to the ones it needs. A counter the page
+    declares (`# TYPE name counter`) without a sample counts as 0: a labelled counter has no
+    sample until it is first counted (SGLang's cached tokens before the first cache hit).
     """
-    names = LOAD_METRICS.get(metrics)
-    if names is None:
-        return None
     totals: dict[str, float] = {}
     for line in text.splitlines():
         line = line.strip()
-        if not line or line.startswith("#"):
+        if not line:
+            continue
+        if line.startswith("#"):
+            fields = line.split()
+            if len(fields) == 4 and fields[1] == "TYPE" and fields[3] == "counter" and fields[2] in names:
+                totals.setdefault(fields[2], 0.0)
             continue
         if "{" in line:
             name, _, rest = line.partition("{")
@@ -69,10 +80,47 @@ def parse_load(text: str, metrics: str) -> tuple[int, int] | None:
             continue
         if math.isfinite(value):
             totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def parse_load(text: str, metrics: str) -> tuple[int, int] | None:
+    """(running, waiting) from a Prometheus text page, or None when either metric is absent."""
+    names = LOAD_METRICS.get(metrics)
+    if names is None:
+        return None
+    totals = _totals(text, names)
     running, waiting = names
     if running not in totals or waiting not in totals:
         return None
     return round(totals[running]), round(totals[waiting])
+
+
+# The engine's prompt-cache counters, cumulative since it started, per engine family: (a counter of
+# prompt tokens, the counter of those taken from its prefix cache, whether the first counts the
+# cached ones too). llama.cpp counts the tokens it computed and the ones it reused apart
+# (server-task.cpp: "Number of prompt tokens processed, excluding cached tokens"); SGLang's
+# prompt tokens are whole prompts and its cached ones are summed over `cache_source` (device,
+# host, storage); vLLM counts the tokens its prefix cache was asked for and found.
+CACHE_METRICS: dict[str, tuple[str, str, bool]] = {
+    "llamacpp": ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", False),
+    "sglang": ("sglang:prompt_tokens_total", "sglang:cached_tokens_total", True),
+    "vllm": ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", True),
+}
+
+
+def parse_prompt_cache(text: str, metrics: str) -> tuple[int, int] | None:
+    """(prompt tokens, of those cached) since the engine started, from its Prometheus text page:
+    every prompt token it took, cached ones included, and those it reused from its prefix cache
+    instead of computing them. None when the page lacks either counter."""
+    names = CACHE_METRICS.get(metrics)
+    if names is None:
+        return None
+    prompt_name, cached_name, includes_cached = names
+    totals = _totals(text, (prompt_name, cached_name))
+    if prompt_name not in totals or cached_name not in totals:
+        return None
+    prompt, cached = round(totals[prompt_name]), round(totals[cached_name])
+    return (prompt if includes_cached else prompt + cached), cached
 
 
 # How often a replica's KV capacity is read where that costs a request of its own. It changes only
@@ -156,11 +204,40 @@ def llamacpp_props_kv_tokens(props: Any) -> int | None:
     return slots * n_ctx if slots is not None and n_ctx is not None else None
 
 
+def llamacpp_slot_count(slots: Any) -> int | None:
+    """llama.cpp's slots (`--parallel`) from its /slots list: one entry a slot."""
+    if not isinstance(slots, list) or not slots or not all(isinstance(s, dict) for s in slots):
+        return None
+    return len(slots)
+
+
+def llamacpp_props_slot_count(props: Any) -> int | None:
+    """llama.cpp's slots from /props, for a server started without the /slots endpoint:
+    `total_slots`."""
+    return _positive_int(props.get("total_slots")) if isinstance(props, dict) else None
+
+
+def reads_kv_tokens(replica: config.Replica) -> bool:
+    """Whether the probes read the replica's KV capacity in tokens: an engine that states it
+    (vLLM on its /metrics, SGLang and llama.cpp by a request of their own), not a router, and
+    not set in the config (the config wins)."""
+    return (
+        replica.metrics in ("vllm", "sglang", "llamacpp")
+        and not replica.load_from
+        and replica.kv_tokens is None
+    )
+
+
+def reads_kv_slots(replica: config.Replica) -> bool:
+    """Whether the probes read the replica's KV slots: a llama.cpp engine (each request's KV in a
+    slot of its own), not a router, and not set in the config (`kv_slots`: the config wins)."""
+    return replica.metrics == "llamacpp" and not replica.load_from and replica.kv_slots is None
+
+
 def reads_kv_apart(replica: config.Replica) -> bool:
-    """Whether the replica's KV capacity costs a request of its own (SGLang, llama.cpp) rather than
-    coming with its /metrics (vLLM) or not being read at all (no metrics, a router, or set in the
-    config)."""
-    return replica.metrics in ("sglang", "llamacpp") and not replica.load_from and replica.kv_tokens is None
+    """Whether reading the replica's KV (capacity or slots) costs a request of its own (SGLang,
+    llama.cpp) rather than coming with its /metrics (vLLM) or not being read at all."""
+    return (reads_kv_tokens(replica) and replica.metrics != "vllm") or reads_kv_slots(replica)
 
 
 class KvReadTimer:
@@ -196,23 +273,32 @@ async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]
         return None
 
 
-async def read_kv_tokens(
+async def read_kv_apart(
     client: httpx.AsyncClient, replica: config.Replica, headers: dict[str, str], timeout_s: float
-) -> int | None:
-    """The KV capacity an SGLang or llama.cpp replica states, by a request of its own; None when
-    it does not say (an older engine, an endpoint turned off, an answer of another shape)."""
+) -> tuple[int | None, int | None]:
+    """(KV capacity in tokens, KV slots) that an SGLang or llama.cpp replica states, by requests of
+    their own, each only where the probes read it (`reads_kv_tokens`, `reads_kv_slots`); None for
+    one not read or not said (an older engine, an endpoint turned off, an answer of another shape)."""
     base = replica.url.rstrip("/")
+    want_kv, want_slots = reads_kv_tokens(replica), reads_kv_slots(replica)
     kv: int | None = None
-    if replica.metrics == "sglang":
+    slots: int | None = None
+    if replica.metrics == "sglang" and want_kv:
         kv = sglang_kv_tokens(await _get_json(client, base + "/get_server_info", headers, timeout_s))
-    elif replica.metrics == "llamacpp":
+    elif replica.metrics == "llamacpp" and (want_kv or want_slots):
         # /slots answers 501 on a server started with --no-slots; /props says as much, per slot.
-        kv = llamacpp_slots_kv_tokens(await _get_json(client, base + "/slots", headers, timeout_s))
-        if kv is None:
-            kv = llamacpp_props_kv_tokens(await _get_json(client, base + "/props", headers, timeout_s))
-    if kv is None:
-        log.debug("replica %s: no KV capacity in its answer (%s)", replica.name, replica.metrics)
-    return kv
+        listed = await _get_json(client, base + "/slots", headers, timeout_s)
+        kv = llamacpp_slots_kv_tokens(listed) if want_kv else None
+        slots = llamacpp_slot_count(listed) if want_slots else None
+        if (want_kv and kv is None) or (want_slots and slots is None):
+            props = await _get_json(client, base + "/props", headers, timeout_s)
+            if want_kv and kv is None:
+                kv = llamacpp_props_kv_tokens(props)
+            if want_slots and slots is None:
+                slots = llamacpp_props_slot_count(props)
+    if (want_kv and kv is None) or (want_slots and slots is None):
+        log.debug("replica %s: no KV capacity or slots in its answer (%s)", replica.name, replica.metrics)
+    return kv, slots
 
 
 def _headers(replica: config.Replica) -> dict[str, str]:
@@ -229,8 +315,8 @@ async def probe(
 ) -> ReplicaProbed:
     """One probe of one replica; never raises for anything the replica does.
 
-    `read_kv`: also ask a healthy SGLang or llama.cpp replica for its KV capacity (a vLLM one
-    says it on every /metrics page anyway).
+    `read_kv`: also ask a healthy SGLang or llama.cpp replica for its KV capacity, and a
+    llama.cpp one for its slots (a vLLM one says its capacity on every /metrics page anyway).
     """
     base = replica.url.rstrip("/")
     headers = _headers(replica)
@@ -240,28 +326,41 @@ async def probe(
     except httpx.HTTPError:
         healthy = False
     load: tuple[int, int] | None = None
+    cache: tuple[int, int] | None = None
     # A router's own /metrics says nothing about its engines' queues; the core sums the load of
     # the replicas it names in `load_from` instead.
     sent_at: float | None = None
     kv: int | None = None
+    slots: int | None = None
     if healthy and replica.metrics != "none" and not replica.load_from:
         sent_at = clock()
         try:
             answer = await client.get(base + "/metrics", headers=headers, timeout=timeout_s)
             if answer.status_code == 200:
                 load = parse_load(answer.text, replica.metrics)
-                if replica.metrics == "vllm" and replica.kv_tokens is None:
+                cache = parse_prompt_cache(answer.text, replica.metrics)
+                if replica.metrics == "vllm" and reads_kv_tokens(replica):
                     kv = parse_vllm_kv_tokens(answer.text)
         except httpx.HTTPError:
             load = None
         if load is None:
             log.debug("replica %s: no load in its /metrics (%s names)", replica.name, replica.metrics)
     if healthy and read_kv and reads_kv_apart(replica):
-        kv = await read_kv_tokens(client, replica, headers, timeout_s)
+        kv, slots = await read_kv_apart(client, replica, headers, timeout_s)
     running, waiting = load if load is not None else (None, None)
+    prompt, cached = cache if cache is not None else (None, None)
     # When the load was asked for: a turn placed after that cannot be in the reading.
     return ReplicaProbed(
-        replica.name, healthy, running, waiting, clock(), sent_at if load is not None else None, kv
+        replica.name,
+        healthy,
+        running,
+        waiting,
+        clock(),
+        sent_at if load is not None else None,
+        kv_tokens=kv,
+        kv_slots=slots,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
     )
 
 

@@ -87,6 +87,11 @@ class Replica:
     slots_configured: bool = False
     # Whether its engine keeps evicted prefixes in host memory: the gate then holds no runs here.
     host_cache: bool = False
+    # Its engine's prompt-cache counters as last read (ReplicaProbed): prompt tokens taken since
+    # it started, and of those the ones its prefix cache gave back; None: never read. Shown in
+    # /status and the scheduler's /metrics; no decision reads them.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class Run(NamedTuple):
@@ -294,9 +299,9 @@ class State(NamedTuple):
     # Held turns, in three levels so that every change is a few sorted-set updates:
     # - per lane, the lane's turns in arrival order as (seq, turn id);
     # - per (group, caller), the lanes there as (seq of the lane's first turn, lane);
-    # - per group, each caller with lanes there as (its turns in flight, its first seq, caller),
-    #   so a group's first key leads to the turn it would place next;
-    # and the groups each caller has turns held in (re-keyed when its in-flight count changes).
+    # - per group, each caller with lanes there as ((its attained service, its turns in flight),
+    #   its first seq, caller), so a group's first key leads to the turn it would place next;
+    # and the groups each caller has turns held in (re-keyed when either of the two changes).
     held_queues: Map[tuple[Group, str], SortedSet] = _NO_MAP
     held_groups: Map[Group, SortedSet] = _NO_MAP
     caller_groups: Map[str, frozenset[Group]] = _NO_MAP
@@ -334,6 +339,10 @@ class State(NamedTuple):
     hold_order: SortedSet = EMPTY
     pause_samples: Map[str, tuple[float, ...]] = _NO_MAP
     tokens_per_byte: Map[str, float] = _NO_MAP
+    # Per caller, its attained service: the engine tokens its turns asked for, decayed over
+    # fairness.HALF_LIFE_S and kept as a log so that callers compare without a re-key as time
+    # passes (fairness.py). The drain's order within a class.
+    attained: Map[str, float] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]

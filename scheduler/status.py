@@ -2,7 +2,8 @@
 
 `GET /status` answers what the pool is doing: each replica with our turns in flight against its
 limit (see admission.py), how many of them may still wait in its engine's queue, the engine's own
-running and waiting counts, and for the run gate (gate.py) its KV pool, what held runs may take
+running and waiting counts, the share of the engine's prompt tokens its prefix cache gave back
+since it started, and for the run gate (gate.py) its KV pool, what held runs may take
 of it and the runs it holds with their working sets; the turns held here by class and by caller
 with the oldest wait, and of them the runs waiting to be admitted (no replica holds them yet);
 the runs by phase, by class and by caller; the gate's constants, each model's learnt tokens per
@@ -36,8 +37,18 @@ from starlette.exceptions import HTTPException
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.errors import error_body
-from luftpause.scheduler import admission, gate
-from luftpause.scheduler.state import Kind, Phase, Replica, Run, ServiceClass, State, Turn, pinned_to
+from luftpause.scheduler import admission, fairness, gate
+from luftpause.scheduler.state import (
+    RESERVED_CALLER,
+    Kind,
+    Phase,
+    Replica,
+    Run,
+    ServiceClass,
+    State,
+    Turn,
+    pinned_to,
+)
 
 
 def _held_summary(turns: list[Turn], now: float) -> dict[str, Any]:
@@ -131,12 +142,34 @@ def _kv_source(replica: Replica) -> str | None:
     return "config" if replica.kv_configured else "engine"
 
 
+def prompt_cache_share(replica: Replica) -> float | None:
+    """Of the prompt tokens `replica`'s engine took since it started, the share its prefix cache
+    gave back (cached / all, 0 to 1), as its last /metrics page said; None where that page has no
+    such counters (prober.CACHE_METRICS) or the engine took no prompt yet."""
+    if replica.prompt_tokens is None or replica.cached_tokens is None or replica.prompt_tokens <= 0:
+        return None
+    return round(min(replica.cached_tokens / replica.prompt_tokens, 1.0), 4)
+
+
 def keep_s(run: Run, now: float) -> float | None:
     """Seconds left of a paused run's keep time on its replica; None when it has none (generating,
     let go, idle, or on a replica whose pool is unknown)."""
     if run.hold_until is None:
         return None
     return round(max(run.hold_until - now, 0.0), 3)
+
+
+def _fairness_document(state: State, now: float) -> dict[str, Any]:
+    return {
+        # Within a class the caller with the least attained service goes first (fairness.py):
+        # per caller, the engine tokens its turns asked for, decayed at this half-life.
+        "half_life_s": fairness.HALF_LIFE_S,
+        "attained_tokens": {
+            caller: round(fairness.attained_tokens(key, now))
+            for caller, key in sorted(state.attained.items())
+            if caller != RESERVED_CALLER
+        },
+    }
 
 
 def _gate_document(state: State) -> dict[str, Any]:
@@ -194,6 +227,12 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "kv_capacity": gate.capacity(r),
             "held_runs": state.held_runs.get(r.name, 0),
             "held_kv_tokens": state.held_kv.get(r.name, 0),
+            # The engine's prompt-cache counters since it started (None: not on its /metrics
+            # page): prompt tokens taken, cached ones included, those its cache gave back, and
+            # the share they make. Shown only: no decision reads them.
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "prompt_cache_share": prompt_cache_share(r),
         }
         for r in state.replicas_in_order()
     ]
@@ -229,6 +268,7 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "by_caller": dict(sorted(Counter(r.caller for r in runs).items())),
         },
         "gate": _gate_document(state),
+        "fairness": _fairness_document(state, now),
     }
 
 

@@ -30,8 +30,9 @@ from luftpause.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_IN_CONTAINER = "/etc/luftpause/luftpause.toml"
-# What the README's commands need in the shell; compose.runpod.yaml refuses to start without it.
-SHELL_ENV = {"RUNPOD_POD_ID": "pod123"}
+# What the README's commands need in the shell: compose.runpod.yaml refuses to start without the
+# pod's id, compose.llamacpp.yaml without a model file.
+SHELL_ENV = {"RUNPOD_POD_ID": "pod123", "LLAMACPP_MODEL": "/srv/models/model.gguf"}
 # The ports the README's table lists, as the code defines them.
 README_PORTS = {
     "scheduler": {config.SCHEDULER_GRPC_PORT, config.SCHEDULER_STATUS_PORT},
@@ -68,7 +69,7 @@ def resolve(files: tuple[str, ...], env: dict[str, str] | None = None) -> dict:
     clean = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("LUFTPAUSE_", "OLLAMA_", "SGLANG_", "RUNPOD_"))
+        if not k.startswith(("LUFTPAUSE_", "OLLAMA_", "SGLANG_", "RUNPOD_", "LLAMACPP_"))
     }
     done = subprocess.run(
         command,
@@ -163,7 +164,14 @@ def stack_problems(stack: dict, shell: dict[str, str], monkeypatch: pytest.Monke
             problems.append(
                 f"{name}: {config_file.name} uses {sorted(missing)}, not passed into the container"
             )
-    for k in ("RUNPOD_POD_ID", "OLLAMA_MODEL", "SGLANG_MODEL", "RUNPOD_MODEL"):
+    for k in (
+        "RUNPOD_POD_ID",
+        "OLLAMA_MODEL",
+        "SGLANG_MODEL",
+        "RUNPOD_MODEL",
+        "LLAMACPP_MODEL_NAME",
+        "LLAMACPP_PARALLEL",
+    ):
         monkeypatch.delenv(k, raising=False)
     for k, v in shell.items():
         monkeypatch.setenv(k, v)
@@ -240,11 +248,14 @@ def stack_problems(stack: dict, shell: dict[str, str], monkeypatch: pytest.Monke
             if a.name != r.name or a.model not in r.models:
                 problems.append(f"{host}: serves {a.name}/{a.model}, the config says {r.name}/{r.models}")
         elif host is not None and host not in parsed:
-            # An engine of its own image (SGLang): what the config expects of it must be switched on.
+            # An engine of its own image (SGLang, llama.cpp): what the config expects of it must be
+            # switched on.
             command = [str(c) for c in services[host].get("command", [])]
             wants = {
                 "--enable-metrics": r.metrics == "sglang",
                 "--enable-priority-scheduling": r.engine_priority == "sglang",
+                "--metrics": r.metrics == "llamacpp",
+                "--parallel": r.kv_slots is not None,
             }
             for flag, needed in wants.items():
                 if needed and flag not in command:
@@ -253,6 +264,16 @@ def stack_problems(stack: dict, shell: dict[str, str], monkeypatch: pytest.Monke
                 problems.append(
                     f"{host}: serves {command[command.index('--model-path') + 1]}, the config says {r.models}"
                 )
+            if "--alias" in command and command[command.index("--alias") + 1] not in r.models:
+                problems.append(
+                    f"{host}: serves {command[command.index('--alias') + 1]}, the config says {r.models}"
+                )
+            if r.kv_slots is not None and "--parallel" in command:
+                slots = command[command.index("--parallel") + 1]
+                if slots != str(r.kv_slots):
+                    problems.append(
+                        f"{host}: runs --parallel {slots}, replica {r.name} has kv_slots = {r.kv_slots}"
+                    )
         if r.api_key_env:
             for name in ("scheduler", "dataplane"):
                 if r.api_key_env not in _environment(ours[name]):
@@ -313,6 +334,41 @@ def test_each_readme_combination_resolves_and_agrees_with_the_code(
 ) -> None:
     stack = resolve(files)
     assert stack_problems(stack, SHELL_ENV, monkeypatch) == []
+
+
+@needs_compose
+def test_the_llamacpp_replicas_must_run_as_the_config_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    files = ("compose.yaml", "compose.llamacpp.yaml")
+    base = resolve(files)
+    a = base["services"]["llamacpp-a"]
+    assert _mounts(a)["/models/model.gguf"] == SHELL_ENV["LLAMACPP_MODEL"]
+    assert a["image"].startswith("ghcr.io/ggml-org/llama.cpp:server")
+    assert {"--jinja", "--slots"} <= set(a["command"])
+
+    def problems_after(change) -> list[str]:
+        stack = copy.deepcopy(base)
+        change(stack["services"])
+        return stack_problems(stack, SHELL_ENV, monkeypatch)
+
+    def drop_metrics(s: dict) -> None:
+        s["llamacpp-a"]["command"].remove("--metrics")
+
+    def more_slots(s: dict) -> None:
+        command = s["llamacpp-b"]["command"]
+        command[command.index("--parallel") + 1] = "8"
+
+    assert any("llamacpp-a: replica llamacpp-a needs --metrics" in p for p in problems_after(drop_metrics))
+    assert any("llamacpp-b: runs --parallel 8" in p for p in problems_after(more_slots))
+    # The replicas' slots and model name follow the variables into the engines and the config.
+    stack = resolve(files, {"LLAMACPP_PARALLEL": "2", "LLAMACPP_MODEL_NAME": "tiny"})
+    assert (
+        stack_problems(
+            stack, {**SHELL_ENV, "LLAMACPP_PARALLEL": "2", "LLAMACPP_MODEL_NAME": "tiny"}, monkeypatch
+        )
+        == []
+    )
+    command = stack["services"]["llamacpp-a"]["command"]
+    assert command[command.index("--parallel") + 1] == "2"
 
 
 @needs_compose

@@ -130,12 +130,18 @@ class Pool:
         sent_at: float | None = None,
         kv_tokens: int | None = None,
         kv_slots: int | None = None,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
     ) -> tuple[Action, ...]:
         """A probe answered now; `sent_at`: when the load was asked for (default: now);
-        `kv_tokens`, `kv_slots`: the KV pool and slots the engine said it has (None: not read)."""
+        `kv_tokens`, `kv_slots`: the KV pool and slots the engine said it has (None: not read);
+        `prompt_tokens`, `cached_tokens`: its prompt-cache counters (None: not on its page)."""
         return self.feed(
-            ReplicaProbed(name, healthy, running, waiting, self.now, sent_at, kv_tokens, kv_slots)
-        )
+            ReplicaProbed(
+                name, healthy, running, waiting, self.now, sent_at, kv_tokens, kv_slots, prompt_tokens,
+                cached_tokens,
+            )
+        )  # fmt: skip
 
     def tick(self) -> tuple[Action, ...]:
         return self.feed(Tick(self.now))

@@ -6,7 +6,7 @@ import pytest
 from scheduler_pool import Pool, placements, refusals, spec
 
 from luftpause.config import LOOKAHEAD
-from luftpause.scheduler import admission
+from luftpause.scheduler import admission, fairness
 from luftpause.scheduler.actions import Place, Refuse, RunForgotten, TurnExpired
 from luftpause.scheduler.admission import KEEP_PAUSED_MAX_S
 from luftpause.scheduler.core import RUN_IDLE_EXPIRY_S, TURN_TIMEOUT_S, decide
@@ -620,6 +620,36 @@ def test_caller_with_fewest_turns_in_flight_drains_first():
     assert placements(pool.complete("f1")) == [("quiet1", "a")]  # quiet has none in flight, greedy two
 
 
+def _served(pool: Pool, turn_id: str, caller: str, request_bytes: int) -> None:
+    """A turn of `caller` asking for about request_bytes / 4 tokens, placed and completed."""
+    assert placements(pool.arrive(turn_id, caller=caller, request_bytes=request_bytes, max_tokens=1)) != []
+    pool.complete(turn_id, prompt_tokens=request_bytes // 4, completion_tokens=1)
+
+
+def test_a_caller_that_asked_the_engines_for_more_waits_behind_one_that_asked_for_less():
+    pool = Pool(spec("a", lookahead=1))
+    _served(pool, "big", "long-contexts", 400_000)
+    _served(pool, "small", "short-contexts", 4_000)
+    # Neither has a turn in flight now; the filler takes the lookahead.
+    pool.arrive("f1", caller="filler", request_bytes=4, max_tokens=1)
+    pool.arrive("long2", caller="long-contexts")
+    pool.wait(0.1)
+    pool.arrive("short2", caller="short-contexts")
+    assert placements(pool.complete("f1")) == [("short2", "a")]
+
+
+def test_what_a_caller_asked_for_long_ago_weighs_less_than_what_another_asks_for_now():
+    pool = Pool(spec("a", lookahead=1))
+    _served(pool, "big", "earlier", 400_000)
+    pool.wait(10 * fairness.HALF_LIFE_S)  # 100,000 tokens then count as about a hundred now
+    _served(pool, "small", "now", 4_000)  # a thousand
+    pool.arrive("f1", caller="filler", request_bytes=4, max_tokens=1)
+    pool.arrive("now2", caller="now")
+    pool.wait(0.1)
+    pool.arrive("earlier2", caller="earlier")
+    assert placements(pool.complete("f1")) == [("earlier2", "a")]
+
+
 def test_equal_callers_drain_in_arrival_order():
     pool = Pool(spec("a", lookahead=1))
     _full(pool, "f1")
@@ -1014,3 +1044,26 @@ def test_many_held_turns_of_one_caller_do_not_delay_another_caller():
     pool.arrive("q1", caller="quiet")
     assert placements(pool.complete("f0")) == [("q1", "a")]
     assert placements(pool.complete("f1")) == [("f2", "a")]
+
+
+def test_a_slot_engine_with_a_free_slot_is_running_our_turn_and_it_waits_only_beyond_its_slots():
+    # llama.cpp starts a request the moment a slot is free: four turns on four slots are running,
+    # however long their prefills take before a first token; only turns beyond them wait there.
+    # (Its host cache on, the run gate holds no runs: this is the lookahead alone.)
+    pool = Pool(spec("a", lookahead=2, kv_slots=4, host_cache=True))
+    for i in range(6):
+        assert placements(pool.arrive(f"t{i}", run_id=f"r{i}")) == [(f"t{i}", "a")]
+    assert pool.unconfirmed("a") == ["t4", "t5"]
+    assert pool.arrive("t6", run_id="r6") == ()
+    # A turn ending frees its slot: the oldest waiting starts, streamed or not.
+    pool.start("t4", "t5", streamed=True)
+    assert placements(pool.complete("t0")) == [("t6", "a")]
+    assert pool.unconfirmed("a") == ["t5", "t6"]
+
+
+def test_a_slot_engine_whose_queue_holds_others_requests_confirms_none_at_placement():
+    pool = Pool(spec("a", lookahead=2, kv_slots=4, host_cache=True))
+    # Another client's request waits there: its slots are all taken, and ours waits behind it.
+    pool.probe("a", running=4, waiting=1)
+    assert placements(pool.arrive("t0")) == [("t0", "a")]
+    assert pool.unconfirmed("a") == ["t0"]

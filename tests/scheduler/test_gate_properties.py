@@ -13,8 +13,9 @@ ending. After every decision:
   room for its class by the lookahead alone;
 - no replica that holds no run is left without one while a run it may take waits and its
   lookahead has room (the gate never idles an engine);
-- within a group of waiting runs, a caller with fewer turns in flight, then the earlier arrival,
-  is never passed over: one caller's flood cannot keep another's run waiting behind it;
+- within a group of waiting runs, a caller with less attained service (fairness.py), then fewer
+  turns in flight, then the earlier arrival, is never passed over: one caller's flood cannot keep
+  another's run waiting behind it;
 - the gate's indexes (held working sets and runs per replica, the keep times) agree with the runs;
 and replaying the log reproduces every decision and the state.
 """
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from support import machine_settings
 
-from luftpause.scheduler import admission, gate
+from luftpause.scheduler import admission, fairness, gate
 from luftpause.scheduler.actions import Action, Place
 from luftpause.scheduler.core import decide, replay
 from luftpause.scheduler.events import (
@@ -218,7 +219,7 @@ class GateMachine(RuleBasedStateMachine):
                     )
 
     @invariant()
-    def a_caller_with_fewer_turns_in_flight_is_not_passed_over(self) -> None:
+    def a_caller_with_less_attained_service_is_not_passed_over(self) -> None:
         if self.last is None:
             return
         before, _, actions = self.last
@@ -229,17 +230,32 @@ class GateMachine(RuleBasedStateMachine):
             held = before.turns.get(turn.turn_id)
             return held.seq if held is not None else before.next_seq
 
+        def charge(turn: Turn) -> int:
+            # What a placement charges its caller (fairness.py): its run's size, else its estimate.
+            run = before.runs.get(turn.run_id)
+            if run is not None and run.working_set > 0:
+                return run.working_set
+            rate = before.tokens_per_byte.get(turn.model)
+            return gate.estimated_working_set(turn.request_bytes, turn.max_tokens, rate)
+
+        # Each caller's attained service as each placement was decided, from the state before.
+        attained = dict(before.attained)
         waiting = [t for t in self.state.held() if pin(self.state, t.run_id) is None]
         for i, p in enumerate(places):
             placed = self.state.turns[p.turn_id]
-            if pin(before, placed.run_id) is not None:
-                continue  # a held run's turn: it had its replica, not a place in the queue
-            later = Counter(self.state.turns[q.turn_id].caller for q in places[i:])
-            mine = (counts[placed.caller] - later[placed.caller], arrival(placed))
-            for h in waiting:
-                if h.service_class is placed.service_class and h.model == placed.model:
-                    theirs = (counts[h.caller] - later[h.caller], h.seq)
-                    assert mine < theirs, f"{h.turn_id} ({h.caller}) was passed over by {placed.turn_id}"
+            if pin(before, placed.run_id) is None:
+                later = Counter(self.state.turns[q.turn_id].caller for q in places[i:])
+
+                def standing(caller: str, later: Counter[str] = later) -> tuple[float, int]:
+                    return (attained.get(caller, fairness.NONE), counts[caller] - later[caller])
+
+                mine = (standing(placed.caller), arrival(placed))
+                for h in waiting:
+                    if h.service_class is placed.service_class and h.model == placed.model:
+                        theirs = (standing(h.caller), h.seq)
+                        assert mine < theirs, f"{h.turn_id} ({h.caller}) was passed over by {placed.turn_id}"
+            key = attained.get(placed.caller, fairness.NONE)
+            attained[placed.caller] = fairness.attain(key, charge(placed), self.state.now)
 
     @invariant()
     def the_gates_indexes_agree_with_the_runs(self) -> None:

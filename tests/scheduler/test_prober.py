@@ -24,8 +24,11 @@ from luftpause.scheduler.prober import (
     KV_READ_PERIOD_S,
     KvReadTimer,
     llamacpp_props_kv_tokens,
+    llamacpp_props_slot_count,
+    llamacpp_slot_count,
     llamacpp_slots_kv_tokens,
     parse_load,
+    parse_prompt_cache,
     parse_vllm_kv_tokens,
     probe,
     run_prober,
@@ -198,11 +201,14 @@ async def test_a_replica_whose_config_sets_kv_tokens_is_not_asked():
 
 
 @contextlib.contextmanager
-def _llamacpp(answers: dict[str, tuple[int, Any]]) -> Iterator[str]:
-    """A llama-server stand-in on loopback answering GETs of `answers`' paths with (status, JSON)."""
+def _llamacpp(answers: dict[str, tuple[int, Any]], seen: list[str] | None = None) -> Iterator[str]:
+    """A llama-server stand-in on loopback answering GETs of `answers`' paths with (status, JSON);
+    the paths asked for go to `seen`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            if seen is not None:
+                seen.append(self.path)
             status, payload = answers.get(self.path, (404, {"error": "not found"}))
             body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(status)
@@ -223,32 +229,170 @@ def _llamacpp(answers: dict[str, tuple[int, Any]]) -> Iterator[str]:
         server.server_close()
 
 
-LLAMACPP_METRICS = (200, "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
+def _llamacpp_page(counters: dict[str, float], gauges: dict[str, float]) -> str:
+    """A /metrics page as llama-server writes it (server-task.cpp, `to_metrics`): counters, then
+    gauges, each `# HELP`, `# TYPE` and one sample without labels, the value as a C++ stream
+    writes a double (six significant digits: 12345678 is 1.23457e+07)."""
+    lines = []
+    for kind, items in (("counter", counters), ("gauge", gauges)):
+        for name, value in items.items():
+            lines += [f"# HELP llamacpp:{name} {name.replace('_', ' ')}", f"# TYPE llamacpp:{name} {kind}"]
+            lines.append(f"llamacpp:{name} {value:.6g}")
+    return "\n".join(lines) + "\n"
+
+
+# A server that computed 3,000 prompt tokens and took 9,000 more from its cache, running one
+# request: three quarters of its prompts came from the cache.
+LLAMACPP_PAGE = _llamacpp_page(
+    {
+        "prompt_tokens_total": 3000,
+        "prompt_tokens_cached_total": 9000,
+        "prompt_seconds_total": 1.25,
+        "tokens_predicted_total": 420,
+        "tokens_predicted_seconds_total": 8.5,
+        "n_decode_total": 431,
+        "n_tokens_max": 2210,
+    },
+    {
+        "prompt_tokens_seconds": 2400.0,
+        "predicted_tokens_seconds": 49.4118,
+        "requests_processing": 1,
+        "requests_deferred": 0,
+        "n_busy_slots_per_decode": 1,
+    },
+)
+LLAMACPP_METRICS = (200, LLAMACPP_PAGE)
 # What llama-server -c 8192 -np 4 answers: each slot its quarter of the context.
 LLAMACPP_SLOTS = [{"id": i, "n_ctx": 2048, "is_processing": i == 0, "params": {}} for i in range(4)]
 LLAMACPP_PROPS = {"default_generation_settings": {"n_ctx": 2048, "params": {}}, "total_slots": 4}
+# What it answers with --no-slots.
+NO_SLOTS = (501, {"error": {"code": 501, "message": "This server does not support slots endpoint."}})
 
 
-async def test_a_llamacpp_server_states_its_kv_as_its_slots_contexts():
+async def test_a_llamacpp_server_states_its_kv_as_its_slots_contexts_and_its_slots_as_their_number():
     answers = {
         "/health": (200, {"status": "ok"}),
         "/metrics": LLAMACPP_METRICS,
         "/slots": (200, LLAMACPP_SLOTS),
     }
-    with _llamacpp(answers) as url:
+    seen: list[str] = []
+    with _llamacpp(answers, seen) as url:
         result = await _probe_url(url, read_kv=True, metrics="llamacpp")
-    assert (result.running, result.waiting, result.kv_tokens) == (1, 0, 8192)
+    assert (result.running, result.waiting, result.kv_tokens, result.kv_slots) == (1, 0, 8192, 4)
+    assert seen == ["/health", "/metrics", "/slots"]  # /slots says both: /props is not asked
 
 
 async def test_a_llamacpp_server_without_its_slots_endpoint_is_read_from_its_props():
-    no_slots = (501, {"error": {"code": 501, "message": "This server does not support slots endpoint."}})
-    answers = {"/health": (200, {"status": "ok"}), "/metrics": LLAMACPP_METRICS, "/slots": no_slots}
+    answers = {"/health": (200, {"status": "ok"}), "/metrics": LLAMACPP_METRICS, "/slots": NO_SLOTS}
     with _llamacpp({**answers, "/props": (200, LLAMACPP_PROPS)}) as url:
         result = await _probe_url(url, read_kv=True, metrics="llamacpp")
-    assert result.kv_tokens == 8192
+    assert (result.kv_tokens, result.kv_slots) == (8192, 4)
     with _llamacpp(answers) as url:
         neither = await _probe_url(url, read_kv=True, metrics="llamacpp")
-    assert (neither.healthy, neither.running, neither.kv_tokens) == (True, 1, None)
+    assert (neither.healthy, neither.running, neither.kv_tokens, neither.kv_slots) == (True, 1, None, None)
+
+
+async def test_a_llamacpp_replica_is_asked_only_for_what_its_config_does_not_set():
+    answers = {
+        "/health": (200, {"status": "ok"}),
+        "/metrics": LLAMACPP_METRICS,
+        "/slots": (200, LLAMACPP_SLOTS),
+        "/props": (200, LLAMACPP_PROPS),
+    }
+    seen: list[str] = []
+    with _llamacpp(answers, seen) as url:
+        slots_set = await _probe_url(url, read_kv=True, metrics="llamacpp", kv_slots=2)
+        kv_set = await _probe_url(url, read_kv=True, metrics="llamacpp", kv_tokens=5000)
+        both_set = await _probe_url(url, read_kv=True, metrics="llamacpp", kv_tokens=5000, kv_slots=2)
+    # The core takes the config's figures (ReplicaSpec); the probe has none to add for those.
+    assert (slots_set.kv_tokens, slots_set.kv_slots) == (8192, None)
+    assert (kv_set.kv_tokens, kv_set.kv_slots) == (None, 4)
+    assert (both_set.kv_tokens, both_set.kv_slots, both_set.running) == (None, None, 1)
+    assert seen == ["/health", "/metrics", "/slots"] * 2 + ["/health", "/metrics"]
+
+
+async def test_a_llamacpp_slot_count_missing_from_slots_is_read_from_props():
+    # A /slots answer whose entries lack n_ctx still counts slots; with kv_tokens set, /props is
+    # asked only where /slots does not give the count.
+    odd = [{"id": 0}, {"id": 1}]
+    answers = {"/health": (200, {"status": "ok"}), "/metrics": LLAMACPP_METRICS, "/slots": (200, odd)}
+    seen: list[str] = []
+    with _llamacpp({**answers, "/props": (200, LLAMACPP_PROPS)}, seen) as url:
+        both = await _probe_url(url, read_kv=True, metrics="llamacpp")
+        slots_only = await _probe_url(url, read_kv=True, metrics="llamacpp", kv_tokens=5000)
+    assert (both.kv_tokens, both.kv_slots) == (8192, 2)
+    assert (slots_only.kv_tokens, slots_only.kv_slots) == (None, 2)
+    assert seen == ["/health", "/metrics", "/slots", "/props", "/health", "/metrics", "/slots"]
+
+
+async def test_between_kv_reads_a_llamacpp_probe_reads_its_metrics_page_only():
+    answers = {
+        "/health": (200, {"status": "ok"}),
+        "/metrics": LLAMACPP_METRICS,
+        "/slots": (200, LLAMACPP_SLOTS),
+    }
+    seen: list[str] = []
+    with _llamacpp(answers, seen) as url:
+        result = await _probe_url(url, read_kv=False, metrics="llamacpp")
+    assert (result.running, result.kv_tokens, result.kv_slots) == (1, None, None)
+    # The cache counters come with the load, on every probe.
+    assert (result.prompt_tokens, result.cached_tokens) == (12000, 9000)
+    assert seen == ["/health", "/metrics"]
+
+
+def test_llamacpp_prompt_cache_counters_are_read_as_it_writes_them():
+    # llama.cpp counts the tokens it computed and the ones its cache gave apart: all its prompt
+    # tokens are their sum.
+    assert parse_prompt_cache(LLAMACPP_PAGE, "llamacpp") == (12000, 9000)
+    # Six significant digits, as llama-server writes a large double.
+    big = _llamacpp_page({"prompt_tokens_total": 12345678, "prompt_tokens_cached_total": 87654321}, {})
+    assert "llamacpp:prompt_tokens_total 1.23457e+07\n" in big
+    assert parse_prompt_cache(big, "llamacpp") == (12345700 + 87654300, 87654300)
+    # An older server without the cached counter gives no reading; neither does another family's page.
+    older = "".join(line + "\n" for line in LLAMACPP_PAGE.splitlines() if "cached" not in line)
+    assert parse_prompt_cache(older, "llamacpp") is None
+    assert parse_prompt_cache(LLAMACPP_PAGE, "sglang") is None
+    assert parse_prompt_cache(LLAMACPP_PAGE, "none") is None
+
+
+def test_sglang_and_vllm_prompt_cache_counters():
+    # SGLang: whole prompts, and the cached tokens by where the cache kept them (summed); its
+    # cached counter has no sample before the first hit, only its declaration: 0 then.
+    sglang = (
+        "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.\n"
+        "# TYPE sglang:prompt_tokens_total counter\n"
+        'sglang:prompt_tokens_total{model_name="llama"} 8000.0\n'
+        "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n"
+        "# TYPE sglang:cached_tokens_total counter\n"
+    )
+    assert parse_prompt_cache(sglang, "sglang") == (8000, 0)
+    hits = (
+        'sglang:cached_tokens_total{model_name="llama",cache_source="device"} 5000.0\n'
+        'sglang:cached_tokens_total{model_name="llama",cache_source="host"} 1000.0\n'
+    )
+    assert parse_prompt_cache(sglang + hits, "sglang") == (8000, 6000)
+    assert parse_prompt_cache(SGLANG_PAGE, "sglang") is None  # neither counter
+    # vLLM: the prompt tokens its prefix cache was asked for, and found, per engine core.
+    vllm = (
+        "# TYPE vllm:prefix_cache_queries_total counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4096.0\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1024.0\n'
+        "# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 3072.0\n'
+        'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 0.0\n'
+    )
+    assert parse_prompt_cache(vllm, "vllm") == (5120, 3072)
+
+
+def test_llamacpp_slot_counts_of_another_shape_give_no_reading():
+    assert llamacpp_slot_count(LLAMACPP_SLOTS) == 4
+    assert llamacpp_slot_count([]) is None
+    assert llamacpp_slot_count([{"id": 0}, "?"]) is None
+    assert llamacpp_slot_count({"total_slots": 4}) is None
+    assert llamacpp_props_slot_count(LLAMACPP_PROPS) == 4
+    assert llamacpp_props_slot_count({"total_slots": 0}) is None
+    assert llamacpp_props_slot_count({"total_slots": "4"}) is None
+    assert llamacpp_props_slot_count([4]) is None
 
 
 @pytest.mark.parametrize(

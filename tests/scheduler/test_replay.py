@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
@@ -14,7 +15,14 @@ from scheduler_pool import Pool, spec
 
 from luftpause.scheduler.actions import Place
 from luftpause.scheduler.core import replay
-from luftpause.scheduler.events import FirstToken, Resynced, ResyncedRun, ResyncedTurn, TurnStarted
+from luftpause.scheduler.events import (
+    FirstToken,
+    ReplicaProbed,
+    Resynced,
+    ResyncedRun,
+    ResyncedTurn,
+    TurnStarted,
+)
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, TurnStatus
 
 
@@ -63,9 +71,11 @@ def _busy_log(seed: int, steps: int = 400) -> tuple[list, list, Counter]:
         elif roll < 0.9:
             name = rng.choice(["a", "b", "c", "cls"])
             sent_at = rng.choice([None, pool.now - 1.0])
-            actions += pool.probe(
-                name, rng.random() < 0.85, rng.randint(1, 3), rng.choice([0, 0, 1, 1, 2]), sent_at
-            )
+            healthy, running, waiting = rng.random() < 0.85, rng.randint(1, 3), rng.choice([0, 0, 1, 1, 2])
+            # The engine's prompt-cache counters, growing (drawn from the step, not the rng: the
+            # log stays the one it was before they were carried).
+            cache = (100 * step, 60 * step) if healthy and step % 3 else (None, None)
+            actions += pool.probe(name, healthy, running, waiting, sent_at, None, None, *cache)
         elif roll < 0.95:
             actions += pool.tick()
         elif roll < 0.98:
@@ -126,3 +136,26 @@ def test_replay_does_not_depend_on_the_process_hash_seed(tmp_path: Path):
         state, replayed = pickle.loads(out)
         assert replayed == actions
         assert state == replay(log)[0]
+
+
+def test_the_engines_prompt_cache_counters_change_no_decision():
+    # They are carried into the state to be shown (/status, /metrics), and read by no decision:
+    # the same log without them decides the same, and the states differ in them alone.
+    log, actions, _ = _busy_log(seed=5, steps=300)
+    probes = [e for e in log if isinstance(e, ReplicaProbed) and e.prompt_tokens is not None]
+    assert len(probes) > 20
+    bare = [
+        dataclasses.replace(e, prompt_tokens=None, cached_tokens=None) if isinstance(e, ReplicaProbed) else e
+        for e in log
+    ]
+    state, with_counters = replay(log)
+    bare_state, without = replay(bare)
+    assert with_counters == without == actions
+    last = {e.name: (e.prompt_tokens, e.cached_tokens) for e in probes}
+    assert {n: (r.prompt_tokens, r.cached_tokens) for n, r in state.replicas.items() if n in last} == last
+    assert all(r.prompt_tokens is None for r in bare_state.replicas.values())
+    unshown = {
+        n: dataclasses.replace(r, prompt_tokens=None, cached_tokens=None) for n, r in state.replicas.items()
+    }
+    assert state._replace(replicas=bare_state.replicas) == bare_state
+    assert unshown == dict(bare_state.replicas)

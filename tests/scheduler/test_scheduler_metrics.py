@@ -212,6 +212,17 @@ def test_the_gate_families_show_each_pool_the_runs_it_holds_and_the_runs_waiting
     assert _by(families, "luftpause_scheduler_replica_held_runs", "replica") == {"a": 2, "b": 0}
 
 
+def test_each_replicas_engine_prompt_cache_counters_show_where_its_page_has_them():
+    pool = Pool(spec("a"), spec("b"))
+    pool.probe("a", running=0, waiting=0, prompt_tokens=12000, cached_tokens=9000)
+    pool.probe("b", running=0, waiting=0)  # an engine whose page has no such counters
+    families = _families(pool.state)
+    prompt = _by(families, "luftpause_scheduler_replica_prompt_tokens", "replica")
+    cached = _by(families, "luftpause_scheduler_replica_cached_prompt_tokens", "replica")
+    assert (prompt, cached) == ({"a": 12000}, {"a": 9000})
+    assert cached["a"] / prompt["a"] == 0.75  # the share /status shows
+
+
 async def test_a_scrape_shows_the_pool_configured_the_run_it_holds_and_the_one_waiting_for_room(
     tmp_path: Path,
 ):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 from scheduler_pool import Pool, spec
 
+from luftpause.scheduler import fairness
+from luftpause.scheduler.events import PoolConfigured
 from luftpause.scheduler.gate import HOLD_MAX_S, KV_HEADROOM, REPLY_RESERVE_DEFAULT, TOKENS_PER_BYTE
 from luftpause.scheduler.status import HeldHistory, build_app, run_document, status_document
 
@@ -19,7 +21,8 @@ def _busy_pool() -> Pool:
     pool.arrive("t0", run_id="r0", caller="alice")  # placed on a, and started
     pool.first_token("t0")
     pool.arrive("t1", run_id="r1", caller="alice")  # placed on a, not yet started: a is full
-    pool.probe("a", running=2, waiting=1)  # t1 may be the one waiting
+    # t1 may be the one waiting; its engine took 12,000 prompt tokens, 9,000 of them from its cache.
+    pool.probe("a", running=2, waiting=1, prompt_tokens=12000, cached_tokens=9000)
     pool.arrive("t2", run_id="r2", caller="alice", cls="batch")  # held
     pool.arrive("h1", run_id="r4", caller="bob", model="n")  # placed on hosted
     pool.wait(4)
@@ -51,11 +54,17 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "reserved": 0,
             "kv_tokens": None,
             "kv_source": None,
-            "gate": "off",
+            "gate": "off: pool unknown",
+            "kv_slots": None,
+            "host_cache": False,
             "kv_capacity": None,
             # r0 and r1 generate there; the gate is off, but a replica still holds its runs.
             "held_runs": 2,
             "held_kv_tokens": 2 * REPLY_RESERVE_DEFAULT,
+            # Its engine's prompt-cache counters, and the share of its prompts its cache gave.
+            "prompt_tokens": 12000,
+            "cached_tokens": 9000,
+            "prompt_cache_share": 0.75,
         },
         {
             "name": "b",
@@ -76,10 +85,15 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "reserved": 0,
             "kv_tokens": None,
             "kv_source": None,
-            "gate": "off",
+            "gate": "off: pool unknown",
+            "kv_slots": None,
+            "host_cache": False,
             "kv_capacity": None,
             "held_runs": 0,
             "held_kv_tokens": 0,
+            "prompt_tokens": None,
+            "cached_tokens": None,
+            "prompt_cache_share": None,
         },
         {
             "name": "hosted",
@@ -100,10 +114,15 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "reserved": 0,
             "kv_tokens": None,
             "kv_source": None,
-            "gate": "off",
+            "gate": "off: pool unknown",
+            "kv_slots": None,
+            "host_cache": False,
             "kv_capacity": None,
             "held_runs": 1,
             "held_kv_tokens": REPLY_RESERVE_DEFAULT,
+            "prompt_tokens": None,
+            "cached_tokens": None,
+            "prompt_cache_share": None,
         },
     ]
 
@@ -241,7 +260,7 @@ def test_each_replica_shows_its_kv_pool_where_it_was_read_and_the_runs_it_holds(
     assert _gate_fields(a) == {
         "kv_tokens": 10000,
         "kv_source": "config",
-        "gate": "on",
+        "gate": "tokens",
         "kv_capacity": int(10000 * (1 - KV_HEADROOM)),
         "held_runs": 2,
         "held_kv_tokens": 2300 + 4000,
@@ -249,14 +268,14 @@ def test_each_replica_shows_its_kv_pool_where_it_was_read_and_the_runs_it_holds(
     assert _gate_fields(b) == {
         "kv_tokens": None,
         "kv_source": None,
-        "gate": "off",
+        "gate": "off: pool unknown",
         "kv_capacity": None,
         "held_runs": 0,
         "held_kv_tokens": 0,
     }
     pool.probe("b", kv_tokens=50000)  # its engine says what it has
     b = status_document(pool.state, pool.now)["replicas"][1]
-    assert (b["kv_tokens"], b["kv_source"], b["gate"], b["kv_capacity"]) == (50000, "engine", "on", 45000)
+    assert (b["kv_tokens"], b["kv_source"], b["gate"], b["kv_capacity"]) == (50000, "engine", "tokens", 45000)
 
 
 def test_runs_waiting_to_be_admitted_by_class_with_the_oldest_wait():
@@ -320,3 +339,25 @@ def test_the_gate_section_shows_its_constants_what_each_model_taught_and_each_ca
     pool.arrive("t4", run_id="r1", caller="alice")
     gate_doc = status_document(pool.state, pool.now)["gate"]
     assert list(gate_doc["keep_s"]) == ["alice"] and 1.0 < gate_doc["keep_s"]["alice"] < HOLD_MAX_S
+
+
+def test_each_callers_attained_service_is_shown_decayed_and_a_caller_still_waiting_has_none():
+    pool = _gated_pool()  # alice's two runs placed, asking 2000 and 4000 tokens, 3 s ago
+    fairness_doc = status_document(pool.state, pool.now)["fairness"]
+    assert fairness_doc["half_life_s"] == fairness.HALF_LIFE_S
+    decayed = 6000 * 2 ** (-3 / fairness.HALF_LIFE_S)
+    assert fairness_doc["attained_tokens"] == {"alice": round(decayed)}
+
+
+def test_a_replicas_prompt_cache_share_is_what_its_engine_counted_since_it_started():
+    pool = Pool(spec("a"), spec("b"))
+    pool.probe("a", running=0, waiting=0, prompt_tokens=0, cached_tokens=0)
+    a = status_document(pool.state, pool.now)["replicas"][0]
+    assert (a["prompt_tokens"], a["cached_tokens"], a["prompt_cache_share"]) == (0, 0, None)  # no prompt yet
+    pool.probe("a", running=1, waiting=0, prompt_tokens=3000, cached_tokens=1000)
+    pool.probe("a", running=1, waiting=0)  # a page without the counters: the last reading stands
+    # Reconfigured, the replica keeps what its engine said.
+    pool.feed(PoolConfigured((spec("a", lookahead=3), spec("b")), pool.now))
+    a, b = status_document(pool.state, pool.now)["replicas"]
+    assert (a["prompt_tokens"], a["cached_tokens"], a["prompt_cache_share"]) == (3000, 1000, 0.3333)
+    assert (b["prompt_tokens"], b["cached_tokens"], b["prompt_cache_share"]) == (None, None, None)

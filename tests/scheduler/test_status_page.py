@@ -26,7 +26,8 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from support import Ports, Service, free_port, running, until, wait_until, write_config
+from support import Ports, Service, free_port, running, sample, scrape, until, wait_until, write_config
+from test_prober import LLAMACPP_METRICS, LLAMACPP_SLOTS, _llamacpp
 from test_scheduler_process import MODEL, EngineStandIn
 from turns_stream import TurnsStream
 
@@ -121,11 +122,13 @@ class _RuntimeStandIn:
 
 
 class _Tables(HTMLParser):
-    """The text of each cell of each <tbody id=...>, row by row, and of each element with an id."""
+    """The text of each cell of each <tbody id=...>, row by row, and its title (what a pointer
+    over it shows), and the text of each element with an id."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bodies: dict[str, list[list[str]]] = {}
+        self.titles: dict[str, list[list[str]]] = {}
         self.texts: dict[str, str] = {}
         self._body: str | None = None
         self._cell: list[str] | None = None
@@ -140,10 +143,13 @@ class _Tables(HTMLParser):
         if tag == "tbody" and a.get("id"):
             self._body = a["id"]
             self.bodies[self._body] = []
+            self.titles[self._body] = []
         elif tag == "tr" and self._body is not None:
             self.bodies[self._body].append([])
+            self.titles[self._body].append([])
         elif tag == "td" and self._body is not None:
             self._cell = []
+            self.titles[self._body][-1].append(a.get("title") or "")
         if a.get("id") and "hidden" not in a:
             self.visible.add(a["id"] or "")
         if tag == "svg":
@@ -425,3 +431,54 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
     assert rows["gate-r1"][9:11] == [str(runs["gate-r1"]["working_set"]), "held"]
     assert rows["gate-r2"][9:11] == [str(runs["gate-r2"]["working_set"]), "not held"]
     assert rows["gate-done"][9:11] == ["–", "–"], "the scheduler is not asked about finished runs"
+
+
+def test_a_llamacpp_replica_shows_the_slots_its_engine_has_and_its_prompt_cache_share(tmp_path: Path):
+    """fake-a is a llama-server double with four slots that took 12,000 prompt tokens, 9,000
+    of them from its cache; fake-b nobody answers for. The scheduler reads fake-a's slots and
+    counters by its probes alone, and the page, /status and /metrics say them."""
+    answers = {
+        "/health": (200, {"status": "ok"}),
+        "/metrics": LLAMACPP_METRICS,
+        "/slots": (200, LLAMACPP_SLOTS),
+    }
+    with _llamacpp(answers) as engine:
+        ports = Ports(engines=[int(engine.rsplit(":", 1)[1]), free_port()])
+        path = write_config(tmp_path, ports)
+        text = path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
+        # fake-a speaks llama.cpp's metrics, with its host cache off so that the gate counts slots.
+        path.write_text(
+            text.replace(
+                f'url = "{engine}"\n', f'url = "{engine}"\nmetrics = "llamacpp"\nhost_cache = false\n', 1
+            )
+        )
+        service = Service(
+            "scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log"
+        ).start()
+        url = f"http://127.0.0.1:{ports.status}"
+        with running(service):
+            service.wait_http(f"{url}/status")
+            wait_until(
+                lambda: httpx.get(f"{url}/status").json()["replicas"][0]["kv_slots"] == 4,
+                what="fake-a's slots read from its /slots",
+            )
+            page = _render(f"{url}/", tmp_path / "profile")
+            doc = httpx.get(f"{url}/status").json()
+            metrics = scrape(url)
+
+    a, b = doc["replicas"]
+    assert (a["gate"], a["kv_slots"], a["kv_tokens"], a["kv_source"]) == ("slots", 4, 8192, "engine")
+    assert (a["prompt_tokens"], a["cached_tokens"], a["prompt_cache_share"]) == (12000, 9000, 0.75)
+    assert (b["prompt_tokens"], b["prompt_cache_share"]) == (None, None)
+    replicas = {r[0]: r for r in page.bodies["replicas"]}
+    titles = {r[0]: t for r, t in zip(page.bodies["replicas"], page.titles["replicas"], strict=True)}
+    assert replicas["fake-a"][9:11] == ["0 / 4 slots · 0 runs", "75 %"]
+    assert titles["fake-a"][10] == "9000 of 12000 prompt tokens from the engine's cache since it started"
+    assert replicas["fake-b"][10] == "–"
+    assert titles["fake-b"][10] == "no prompt-cache counters on its engine's /metrics"
+    assert sample(metrics, "luftpause_scheduler_replica_prompt_tokens_total", replica="fake-a") == 12000
+    assert sample(metrics, "luftpause_scheduler_replica_cached_prompt_tokens_total", replica="fake-a") == 9000
+    assert (
+        "luftpause_scheduler_replica_prompt_tokens_total",
+        frozenset({("replica", "fake-b")}),
+    ) not in metrics
