@@ -12,8 +12,12 @@ one run after another: a context of about 8,000 characters, the tools in every t
 luftpause's headers (run id, class, caller), `max_tokens` 32. The model's replies are random
 text, so each agent decides its run's length: 1 to 3 tool calls drawn per run from a seeded RNG,
 each taking 2 s, every reply appended with its tool call and the tool's result, then one more
-turn ends the run (`LoadSpec.tool_calls`). The arms, each a fresh stack, interleaved within each
-repeat:
+turn ends the run (`LoadSpec.tool_calls`). In front of each engine, for every arm alike, a
+stand-in (`bench.tool_model`, on the stack's CPU) gives the replies the form a real agent's model
+would: a turn with calls still to make ends in `tool_calls`, the run's last in `stop`, the engine
+having done all the work. Without it every turn ends in `length`, and a front that tells a run
+paused on a tool from one that ended (luftpause) would see every run end after each turn. The
+arms, each a fresh stack, interleaved within each repeat:
 
 - `straight`: no front; each run pinned to one engine by a stable hash of its run id;
 - `round-robin`: `bench.sim.round_robin_proxy`, turn by turn, class-blind;
@@ -236,6 +240,9 @@ class ArmStack:
     arm: str
     procs: _Processes
     engine_urls: list[str]
+    """The engines themselves, where their counters are read."""
+    serving_urls: list[str]
+    """Where fronts and agents reach them: each engine's tool-calling stand-in."""
     front_url: str | None
     single_threaded: set[str] = field(default_factory=set)
 
@@ -253,6 +260,7 @@ def arm_stack(
     """Starts the arm's engines and front, waits until each answers, yields; stops them after."""
     py = [*cores.stack_prefix(), sys.executable, "-m", "luftpause", "--log-level", "WARNING"]
     procs = _Processes(logs)
+    single: set[str] = set()
     try:
         ports = [_free_port() for _ in range(args.replicas)]
         for i, port in enumerate(ports):
@@ -269,9 +277,21 @@ def arm_stack(
         engines = [f"http://127.0.0.1:{p}" for p in ports]
         for url in engines:
             _wait_healthy(f"{url}/health", procs, timeout_s=120)
+        # Every arm talks to the engines through the stand-in that makes their replies call
+        # tools as the run's plan says (bench/tool_model.py): what fronts and agents see.
+        real = engines
+        ports = [_free_port() for _ in real]
+        calls = f"{args.min_tool_calls}-{args.max_tool_calls}"
+        for i, (url, port) in enumerate(zip(real, ports, strict=True)):
+            stand_in = [*cores.stack_prefix(), sys.executable, "-m", "luftpause.bench.tool_model"]
+            name = f"tool-model-{chr(ord('a') + i)}"
+            procs.start(name, [*stand_in, "--engine", url, "--port", str(port), "--tool-calls", calls])
+            single.add(name)
+        engines = [f"http://127.0.0.1:{p}" for p in ports]
+        for url in engines:
+            _wait_healthy(f"{url}/health", procs)
         front = _free_port()
         front_url = None if arm == "straight" else f"http://127.0.0.1:{front}"
-        single: set[str] = set()
         if arm == "round-robin":
             proxy = [*cores.stack_prefix(), sys.executable, "-m", "luftpause.bench.sim.round_robin_proxy"]
             procs.start("proxy", [*proxy, "--port", str(front), "--engines", ",".join(engines)])
@@ -295,7 +315,7 @@ def arm_stack(
             procs.start("dataplane", [*py, "dataplane", "--config", str(conf)])
             single |= {"scheduler", "dataplane"}
             _wait_healthy(f"{front_url}/health", procs)
-        yield ArmStack(arm, procs, engines, front_url, single)
+        yield ArmStack(arm, procs, real, engines, front_url, single)
     finally:
         procs.stop()
 
@@ -316,7 +336,7 @@ def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[st
     counts = {"interactive": args.interactive, "batch": args.batch}
     return {
         cls: LoadSpec(
-            url=s.front_url or s.engine_urls[0],
+            url=s.front_url or s.serving_urls[0],
             agents=counts[cls],
             duration_s=args.window_s,
             service_class=cls,
@@ -329,7 +349,7 @@ def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[st
             warmup_s=args.warmup_s,
             max_tokens=args.max_tokens,
             tool_calls=(args.min_tool_calls, args.max_tool_calls),
-            pin_urls=tuple(s.engine_urls) if arm == "straight" else (),
+            pin_urls=tuple(s.serving_urls) if arm == "straight" else (),
             end_runs=arm == "luftpause",
         )
         for cls in CLASSES

@@ -9,8 +9,8 @@ same run id after a second, as the failure-semantics table advises. The messages
 the simulator's agents send, so a real run and a simulated one can be compared turn for turn.
 
 In front of a real model, whose replies are random text as far as the agent can tell, the agent
-decides a run's length itself (`LoadSpec.tool_calls`): it draws the run's number of tool calls
-from a seeded RNG, and after each turn it appends the reply (the model's tool call, or its text
+decides a run's length itself (`LoadSpec.tool_calls`): the run's number of tool calls is a
+stable hash of its task (`planned_tool_calls`), and after each turn it appends the reply (the model's tool call, or its text
 with a call of the agent's own) and the tool's result, until that many calls are done; the next
 reply ends the run. With `LoadSpec.pin_urls` it talks to engines directly, each run pinned to one
 of them by a stable hash of its run id (no front, so no run end is sent).
@@ -180,6 +180,14 @@ def pinned(run_id: str, n: int) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") % n
 
 
+def planned_tool_calls(task: str, tool_calls: tuple[int, int]) -> int:
+    """How many tool calls a run whose first user message is `task` makes, in `tool_calls`
+    (lowest, highest): a stable hash of the task, so that anything that reads the conversation
+    (the agent, and `bench.tool_model` in front of a real engine) agrees on it."""
+    lo, hi = tool_calls
+    return lo + int.from_bytes(hashlib.sha256(task.encode()).digest()[:8], "big") % (hi - lo + 1)
+
+
 def agents_own_call(run_id: str, k: int, rng: random.Random) -> dict[str, Any]:
     """The tool call an agent makes itself after a reply that made none (or one it cannot use)."""
     name = rng.choice([t["function"]["name"] for t in TOOLS])
@@ -227,7 +235,6 @@ async def _agent(
             planned: int | None = None
         else:
             run_id = hashlib.sha256(f"{spec.seed}/{spec.caller}/{index}/{k}".encode()).hexdigest()[:32]
-            planned = rng.randint(*spec.tool_calls)
         k += 1
         client = clients[pinned(run_id, len(clients))]
         headers = {
@@ -236,6 +243,8 @@ async def _agent(
             "x-luftpause-caller": spec.caller,
         }
         messages = first_messages(f"{spec.seed}/{spec.caller}/{index}/{run_id}", spec.context_chars)
+        if spec.tool_calls is not None:
+            planned = planned_tool_calls(messages[1]["content"], spec.tool_calls)
         started = time.monotonic()
         made = 0
         while True:

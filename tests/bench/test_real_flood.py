@@ -182,7 +182,7 @@ def test_only_the_straight_arm_pins_runs_and_only_luftpause_hears_their_end() ->
     args = _args(batch=3, interactive=0)
     for arm in real_flood.ARMS:
         front = None if arm == "straight" else "http://127.0.0.1:3"
-        load = real_flood.specs(arm, real_flood.ArmStack(arm, procs, urls, front), args, "1")
+        load = real_flood.specs(arm, real_flood.ArmStack(arm, procs, urls, urls, front), args, "1")
         assert set(load) == {"batch"}  # a class without agents runs none
         spec = load["batch"]
         assert spec.pin_urls == (tuple(urls) if arm == "straight" else ())
@@ -207,7 +207,7 @@ def test_the_agents_are_driven_through_a_stack_with_progress_counters_and_the_cp
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url in urls:
             _wait_healthy(f"{url}/health", procs)
-        s = real_flood.ArmStack("straight", procs, urls, None)
+        s = real_flood.ArmStack("straight", procs, urls, urls, None)
         args = _args(
             batch=3, interactive=2, warmup_s=0.5, window_s=3.0, tool_latency_s=0.1, context_chars=600
         )

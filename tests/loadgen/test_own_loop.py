@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from typing import Any
 
@@ -86,18 +85,14 @@ def _runs(engine: StubEngine) -> list[list[dict[str, Any]]]:
     return list(by_run.values())
 
 
-def test_the_agent_decides_each_runs_tool_calls_from_its_seed_and_keeps_its_tools() -> None:
+def test_the_agent_decides_each_runs_tool_calls_from_its_task_and_keeps_its_tools() -> None:
     engine = StubEngine("a")
     tally = _run([_client(engine)], _spec(), runs=6)
-    # Each run's calls are drawn from the seeded RNG at its start; the agent's own calls draw
-    # from it too (which tool), so replaying both gives every run's length.
-    rng = random.Random("s/tester/0")
-    expected = []
-    for _ in range(6):
-        n = rng.randint(1, 3)
-        expected.append(n)
-        for k in range(n):
-            agents.agents_own_call("x" * 8, k, rng)
+    # Each run's calls are a stable hash of its first user message, in the range given.
+    expected = [
+        agents.planned_tool_calls(turns[0]["messages"][1]["content"], (1, 3)) for turns in _runs(engine)[:6]
+    ]
+    assert set(expected) <= {1, 2, 3}
     runs = _runs(engine)[:6]
     assert [len(turns) - 1 for turns in runs] == expected  # n tool calls, then the turn that ends it
     for turns in runs:
