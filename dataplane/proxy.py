@@ -43,6 +43,7 @@ from starlette.types import Receive, Scope, Send
 from luftpause import config as lp_config
 from luftpause import tracing
 from luftpause.dataplane import headers, limits, priority, usage
+from luftpause.dataplane.body import with_first_member
 from luftpause.dataplane.engine_client import (
     EngineClient,
     EngineError,
@@ -586,6 +587,10 @@ class Proxy:
             body = priority.engine_body(
                 body, replica.engine_priority, turn.service_class, turn.client_priority
             )
+        if placement.HasField("slot") and turn.kind == pb.GENERATIVE:
+            # The slot its run's KV stays in (scheduler/core.py `_slot_for`); a client's own
+            # `id_slot` comes later in the body and wins.
+            body = with_first_member(body, b'"id_slot":%d' % placement.slot)
         base = placement.url or (replica.url if replica else "")
         outgoing = {
             "content-type": "application/json",

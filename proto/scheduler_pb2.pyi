@@ -55,7 +55,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ..., traceparent: _Optional[str] = ..., echoed_tool_call_ids: _Optional[_Iterable[str]] = ..., request_bytes: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("outcome", "replica", "url", "message", "held_ms", "run_id", "reservation_id")
+    __slots__ = ("outcome", "replica", "url", "message", "held_ms", "run_id", "reservation_id", "slot")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PLACED: _ClassVar[AdmitReply.Outcome]
@@ -69,6 +69,7 @@ class AdmitReply(_message.Message):
     HELD_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     outcome: AdmitReply.Outcome
     replica: str
     url: str
@@ -76,7 +77,8 @@ class AdmitReply(_message.Message):
     held_ms: float
     run_id: str
     reservation_id: str
-    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ..., run_id: _Optional[str] = ..., reservation_id: _Optional[str] = ...) -> None: ...
+    slot: int
+    def __init__(self, outcome: _Optional[_Union[AdmitReply.Outcome, str]] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., held_ms: _Optional[float] = ..., run_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
     __slots__ = ("streamed",)

@@ -21,6 +21,8 @@ class Place:
     held_s: float
     # The reservation of its dataplane's it took the room of ("" for none): see core._reserve.
     reservation_id: str = ""
+    # The engine slot its request names (llama.cpp's `id_slot`), None for none: core._slot_for.
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

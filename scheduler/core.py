@@ -225,6 +225,7 @@ class _Tx:
     pause_samples: Map[str, tuple[float, ...]]
     tokens_per_byte: Map[str, float]
     attained: Map[str, float]
+    held_slots: Map[str, frozenset[int]]
 
     __slots__ = (*State._fields, "may_place", "entered")
     # Set by whatever may let a held turn be placed; see `decide`.
@@ -370,7 +371,14 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
             assert known.replica is not None and known.placed_at is not None
             url = tx.replicas[known.replica].url
             actions.append(
-                Place(known.turn_id, known.run_id, known.replica, url, known.placed_at - known.arrived_at)
+                Place(
+                    known.turn_id,
+                    known.run_id,
+                    known.replica,
+                    url,
+                    known.placed_at - known.arrived_at,
+                    slot=_slot_of(tx, known),
+                )  # fmt: skip
             )
         return
     if not tx.serving.get((e.kind, e.model)):
@@ -741,6 +749,17 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
             tx.held_kv = _bump(tx.held_kv, new_pin, new_size)
             if old_pin != new_pin:
                 tx.held_runs = _bump(tx.held_runs, new_pin, 1)
+    old_slot = old.slot if old_pin is not None else None  # type: ignore[union-attr]
+    new_slot = new.slot if new_pin is not None else None  # type: ignore[union-attr]
+    if (old_pin, old_slot) != (new_pin, new_slot):
+        # The slots a slot engine's held runs keep their KV in (`_slot_for`).
+        if old_slot is not None:
+            assert old_pin is not None
+            left = tx.held_slots.get(old_pin, frozenset()) - {old_slot}
+            tx.held_slots = tx.held_slots.set(old_pin, left) if left else tx.held_slots.delete(old_pin)
+        if new_slot is not None:
+            assert new_pin is not None
+            tx.held_slots = tx.held_slots.set(new_pin, tx.held_slots.get(new_pin, frozenset()) | {new_slot})
     if old_pin != new_pin:
         # Each lane of the run moves whole, by its first turn: O(log n) per lane, not per turn.
         for lane in tx.run_lanes.get(run_id, ()):
@@ -1072,6 +1091,7 @@ def _rebuild(tx: _Tx, runs: list[Run], turns: list[Turn]) -> None:
     tx.kept_order = EMPTY
     tx.held_kv = Map()
     tx.held_runs = Map()
+    tx.held_slots = Map()
     tx.hold_order = EMPTY
     for run in runs:
         _set_run(tx, run.run_id, run)
@@ -1210,7 +1230,17 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
         kept_at = _paused_at(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
         entered = len(tx.entered)
         _place(tx, turn, group, replica)
-        actions.append(Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at))
+        placed = tx.turns[turn.turn_id]
+        actions.append(
+            Place(
+                turn.turn_id,
+                turn.run_id,
+                replica.name,
+                replica.url,
+                tx.now - turn.arrived_at,
+                slot=_slot_of(tx, placed),
+            )
+        )
         looking = {*still, *tx.entered[entered:]}
         name = replica.name
         if kept_at is not None and kept_at != name:
@@ -1241,8 +1271,29 @@ def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
         _set_run(
             tx,
             run.run_id,
-            run.placed_on(replica.name, tx.now),
+            run.placed_on(replica.name, tx.now, _slot_for(tx, run, replica)),
         )
+
+
+def _slot_for(tx: _Tx, run: Run, replica: Replica) -> int | None:
+    """The slot of `replica` that `run`, placed there now, keeps its KV in: the one it has where it
+    is held there already, else the lowest that no run held there has (`gate.names_slots`: on a
+    slot engine the gate holds runs on; None elsewhere, or where none is free). Named in the
+    request, it keeps the engine from giving a new run the slot of a run paused on its tool:
+    llama.cpp picks an idle slot by prompt similarity, and every run's prompt opens alike."""
+    if not gate.names_slots(replica):
+        return None
+    if run.slot is not None and _pin(run) == replica.name:
+        return run.slot
+    taken = tx.held_slots.get(replica.name, frozenset())
+    slots = replica.kv_slots or 0
+    return next((n for n in range(slots) if n not in taken), None)
+
+
+def _slot_of(tx: _Tx, turn: Turn) -> int | None:
+    """The slot a placed turn's request names (its run's, on the replica it went to)."""
+    run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
+    return run.slot if run is not None and run.replica == turn.replica else None
 
 
 # --- reservations -----------------------------------------------------------------------------

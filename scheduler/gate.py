@@ -104,6 +104,13 @@ def mode(replica: Replica) -> str:
     return "off: pool unknown"
 
 
+def names_slots(replica: Replica) -> bool:
+    """Whether runs held on `replica` are each given a slot of it to name in their requests: on a
+    slot engine where the gate holds runs (a new run's request would otherwise take whichever
+    idle slot the engine likes, a paused run's among them)."""
+    return replica.kv_slots is not None and gated(replica, 0)
+
+
 def capacity(replica: Replica) -> int | None:
     """The tokens held runs may take on `replica`, None where its pool is unknown (no gate)."""
     if replica.kv_tokens is None:

@@ -150,6 +150,8 @@ def placement(action: Place | Refuse) -> pb.Placement:
             run_id=action.run_id,
             reservation_id=action.reservation_id,
         )
+        if action.slot is not None:
+            reply.slot = action.slot
     return pb.Placement(turn_id=action.turn_id, reply=reply)
 
 

@@ -115,6 +115,9 @@ class Run(NamedTuple):
     # For a run paused on a tool with no turn back yet, on a replica whose pool is known: when it
     # lets go of its place there (`gate.hold_for`); None otherwise. Let go, it keeps no replica.
     hold_until: float | None = None
+    # On a slot engine the gate holds it on (gate.names_slots), the slot its replica keeps its KV
+    # in, named in each of its turns' requests (llama.cpp's `id_slot`); None elsewhere.
+    slot: int | None = None
 
     # The run's transitions, as new records. Each is written out field by field here, once:
     # `_replace` would say the same in a third of the lines at twice the cost a decision, and
@@ -127,14 +130,15 @@ class Run(NamedTuple):
         It is back, so its place no longer runs out."""
         return Run(
             self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane,
-            working_set, None,
+            working_set, None, self.slot,
         )  # fmt: skip
 
-    def placed_on(self, replica: str, at: float) -> Run:
-        """One of its turns was placed on `replica`: generating there, no room kept for it."""
+    def placed_on(self, replica: str, at: float, slot: int | None = None) -> Run:
+        """One of its turns was placed on `replica` (in `slot` of it): generating there, no room
+        kept for it."""
         return Run(
             self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane,
-            self.working_set, None,
+            self.working_set, None, slot,
         )  # fmt: skip
 
     def turn_ended(
@@ -142,7 +146,7 @@ class Run(NamedTuple):
     ) -> Run:
         return Run(
             self.run_id, self.service_class, self.caller, phase, self.replica, last_activity, kept_until,
-            self.dataplane, self.working_set, hold_until,
+            self.dataplane, self.working_set, hold_until, self.slot,
         )  # fmt: skip
 
     def let_go(self) -> Run:
@@ -150,14 +154,14 @@ class Run(NamedTuple):
         new run's would be."""
         return Run(
             self.run_id, self.service_class, self.caller, self.phase, None, self.last_activity, None,
-            self.dataplane, self.working_set, None,
+            self.dataplane, self.working_set, None, None,
         )  # fmt: skip
 
     def sized(self, working_set: int) -> Run:
         """Its working set as its latest usage (or estimate) says."""
         return Run(
             self.run_id, self.service_class, self.caller, self.phase, self.replica, self.last_activity,
-            self.kept_until, self.dataplane, working_set, self.hold_until,
+            self.kept_until, self.dataplane, working_set, self.hold_until, self.slot,
         )  # fmt: skip
 
 
@@ -343,6 +347,8 @@ class State(NamedTuple):
     # fairness.HALF_LIFE_S and kept as a log so that callers compare without a re-key as time
     # passes (fairness.py). The drain's order within a class.
     attained: Map[str, float] = _NO_MAP
+    # Per slot engine, the slots of the runs it holds (Run.slot): a new run takes a free one.
+    held_slots: Map[str, frozenset[int]] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]

@@ -289,6 +289,8 @@ def run_document(state: State, run_id: str, now: float) -> dict[str, Any] | None
         "working_set": run.working_set,
         "held": is_held(run),
         "keep_s": keep_s(run, now),
+        # On a slot engine the gate holds it on, the slot its KV stays in (its requests name it).
+        "slot": run.slot if is_held(run) else None,
     }
 
 

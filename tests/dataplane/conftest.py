@@ -49,6 +49,8 @@ class FakeScheduler(rpc.SchedulerServicer):
         # What each message on the Turns stream carried, as those same pairs.
         self.messages: list[list[tuple[str, str]]] = []
         self.hold = False
+        # The engine slot every placement names (the real scheduler's, on a slot engine), or none.
+        self.slot: int | None = None
         self.identity = RunIdentity()
         self._release = asyncio.Event()
         self.port = 0
@@ -87,6 +89,8 @@ class FakeScheduler(rpc.SchedulerServicer):
             reply = pb.AdmitReply(
                 outcome=pb.AdmitReply.PLACED, replica=self.replica, url=self.url, run_id=run_id
             )
+            if self.slot is not None:
+                reply.slot = self.slot
             answers.put_nowait(pb.Placement(turn_id=request.turn_id, reply=reply))
 
         async def read() -> None:

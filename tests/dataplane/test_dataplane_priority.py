@@ -141,3 +141,14 @@ async def test_the_engine_answers_a_queued_interactive_turn_before_an_earlier_ba
             await until(lambda: engine.load().waiting == 2, what="the interactive turn to queue behind it")
         await asyncio.gather(batch, interactive)
     assert answered[0] == answered_first
+
+
+async def test_a_placement_that_names_a_slot_puts_it_first_in_the_body_and_a_clients_own_wins(stack: Stack):
+    # On a slot engine (llama.cpp) the scheduler names the slot the run's KV stays in.
+    stack.scheduler.slot = 2
+    stack.engine.behaviour = answers_json(completion())
+    sent = await send(stack, RAW)
+    assert sent == b'{"id_slot":2,' + RAW[1:]
+    stack.engine.requests.clear()
+    own = b'{"id_slot": 0, ' + RAW[1:]
+    assert json.loads(await send(stack, own))["id_slot"] == 0  # the client's, after ours: it wins

@@ -12,6 +12,7 @@ import pytest
 from scheduler_pool import Pool, placements, spec
 
 from luftpause.scheduler import gate
+from luftpause.scheduler.actions import Place
 from luftpause.scheduler.state import Phase
 
 RUN_BYTES = 3600
@@ -250,3 +251,33 @@ def test_where_the_engine_keeps_evicted_prefixes_in_host_memory_the_gate_holds_n
     done(pool, "t0", tool_calls=True)
     assert pool.state.runs["run-t0"].hold_until is None
     assert gate.mode(pool.state.replicas["a"]) == "off: host cache"
+
+
+def _slot_named(actions) -> dict[str, int | None]:
+    return {a.turn_id: a.slot for a in actions if isinstance(a, Place)}
+
+
+def test_on_a_slot_engine_each_held_run_names_a_slot_of_its_own_and_a_new_run_takes_a_freed_one():
+    pool = Pool(spec("a", lookahead=0, kv_slots=3))
+    named = {}
+    for i in range(3):
+        named |= _slot_named(pool.arrive(f"t{i}", run_id=f"r{i}", cls="batch", request_bytes=RUN_BYTES))
+    assert named == {"t0": 0, "t1": 1, "t2": 2}
+    pool.complete("t1", tool_calls=True, prompt_tokens=900, completion_tokens=0)
+    # Its next turn goes back to the slot its KV is in.
+    assert _slot_named(pool.arrive("t1b", run_id="r1", cls="batch", request_bytes=RUN_BYTES)) == {"t1b": 1}
+    pool.complete("t0", tool_calls=True, prompt_tokens=900, completion_tokens=0)
+    # A new run waits: no slot is free.
+    assert _slot_named(pool.arrive("t3", run_id="r3", cls="batch", request_bytes=RUN_BYTES)) == {}
+    # r0 ends: its slot is the new run's; the paused run r1's is never given away.
+    assert _slot_named(pool.end_run("r0")) == {"t3": 0}
+    assert pool.state.runs["r3"].slot == 0 and pool.state.held_slots["a"] == frozenset({0, 1, 2})
+
+
+def test_where_the_gate_holds_no_runs_no_slot_is_named():
+    for replica in (
+        spec("a", lookahead=0, kv_slots=4, host_cache=True),
+        spec("a", lookahead=0, kv_tokens=POOL_TOKENS),
+    ):
+        pool = Pool(replica)
+        assert _slot_named(pool.arrive("t0", run_id="r0", request_bytes=RUN_BYTES)) == {"t0": None}

@@ -113,10 +113,18 @@ class GateMachine(RuleBasedStateMachine):
             held = after.held_kv.get(name, 0) - sum(sizes)
             count = after.held_runs.get(name, 0) - len(sizes)
             for run_id, size in zip(runs, sizes, strict=True):
-                # Where the pool keeps too few runs of its size warm, the gate does not hold it.
-                assert limit is None or not gate.gated(replica, size) or count == 0 or held + size <= limit, (
-                    f"{run_id} ({size} tokens) admitted on {name} holding {count} runs of {held} (limit {limit})"
-                )
+                if replica.kv_slots is not None:
+                    # A slot engine: one run a slot, whatever the sizes.
+                    assert not gate.gated(replica, size) or count < replica.kv_slots, (
+                        f"{run_id} admitted on {name} holding {count} runs on {replica.kv_slots} slots"
+                    )
+                else:
+                    # Where the pool keeps too few runs of its size warm, the gate does not hold it.
+                    assert (
+                        limit is None or not gate.gated(replica, size) or count == 0 or held + size <= limit
+                    ), (
+                        f"{run_id} ({size} tokens) admitted on {name} holding {count} runs of {held} (limit {limit})"
+                    )
                 held, count = held + size, count + 1
 
     @initialize()
@@ -196,6 +204,11 @@ class GateMachine(RuleBasedStateMachine):
     def probe_b(self, kv: int | None) -> None:
         self.feed(ReplicaProbed("b", True, None, None, self.now, kv_tokens=kv))
 
+    @rule(slots=st.sampled_from((None, 2, 3)))
+    def probe_c(self, slots: int | None) -> None:
+        # c becomes a slot engine (llama.cpp) once a probe reads its slots.
+        self.feed(ReplicaProbed("c", True, None, None, self.now, kv_slots=slots))
+
     # -- the promises --
 
     @invariant()
@@ -269,13 +282,21 @@ class GateMachine(RuleBasedStateMachine):
                 held_runs[where] += 1
         assert dict(s.held_kv) == {k: v for k, v in held_kv.items() if v}
         assert dict(s.held_runs) == dict(held_runs)
+        # The slots held runs name: one run a slot on each replica, and the index says which.
+        slots: defaultdict[str, list[int]] = defaultdict(list)
+        for run in s.runs.values():
+            where = pin(s, run.run_id)
+            if where is not None and run.slot is not None:
+                slots[where].append(run.slot)
+        assert all(len(taken) == len(set(taken)) for taken in slots.values()), dict(slots)
+        assert dict(s.held_slots) == {k: frozenset(v) for k, v in slots.items()}
         assert list(s.hold_order) == sorted(
             (r.hold_until, r.run_id) for r in s.runs.values() if r.hold_until is not None
         )
         for run in s.runs.values():
             if run.hold_until is not None:
                 assert run.phase is Phase.PAUSED and run.replica is not None
-                assert s.replicas[run.replica].kv_tokens is not None, "a keep time only where the gate is on"
+                assert gate.known(s.replicas[run.replica]), "a keep time only where the gate is on"
                 assert run.hold_until > s.now
 
     def teardown(self) -> None:
