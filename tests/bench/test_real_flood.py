@@ -139,7 +139,18 @@ def test_ratios_take_the_repeats_where_both_count_and_the_verdict_reads_them() -
     assert r["interactive_runs_per_min"] == {"median": 2.0, "low": 2.0, "high": 2.0, "n": 2}
     assert r["interactive_p50_s"]["low"] == 0.5 and r["interactive_p50_s"]["high"] == 0.75
     assert r["batch_runs_per_min"]["median"] == 0.95
-    assert r["verdict"] == "interactive ahead in every counted repeat (2.00x), batch -5%"
+    assert r["verdict"].startswith(
+        "interactive ahead in every counted repeat (2.00x), batch -5%; targets not met: "
+    )
+    assert "interactive_runs_per_min 2.0 (needs >= 3.0)" in r["verdict"]
+    assert "batch_runs_per_min 0.95 (needs >= 1.3)" in r["verdict"]
+    # With the host cache on the targets are about order at no cost.
+    on = [_row(0, "on", "straight", 4, 20, 20), _row(0, "on", "luftpause", 6, 20, 12)]
+    assert real_flood.ratios(on, "straight", "on")["verdict"].endswith("; targets met")
+    slower = [_row(0, "on", "straight", 4, 20, 20), _row(0, "on", "luftpause", 6, 20, 15)]
+    assert real_flood.ratios(slower, "straight", "on")["verdict"].endswith(
+        "targets not met: interactive_p50_s 0.75 (needs <= 0.67)"
+    )
     assert real_flood.ratios(rows, "sglang-router", "off")["verdict"] == "no verdict: no repeat counted"
 
     # A baseline that finished no interactive run gives no ratio: that repeat does not count.
