@@ -68,6 +68,60 @@ class EngineParams:
     """How much worse a running request's priority must be to be preempted: SGLang's
     --priority-scheduling-preemption-threshold, 10 by default there too."""
 
+    slot_kv: bool = False
+    """Whether each of the `slots` keeps its own KV, as llama.cpp's `--parallel` slots do, instead
+    of one shared pool with a prefix cache (SGLang's radix tree). On: `kv_pool_tokens` is split
+    evenly between the slots (llama-server's `--ctx-size` over `--parallel`); a request takes an
+    idle slot, preferring the one whose cached prompt shares the longest prefix with its own,
+    else the least recently used; a slot's cache is its last request's prompt and reply, and a
+    request whose prompt does not fit a slot is rejected. Needs `slots` > 0. Off: the shared
+    pool, as calibrated."""
+
+    host_cache_tokens: int = 0
+    """Tokens of prefixes a host tier behind the KV keeps (0: no host tier, as calibrated). A
+    prefix the pool evicts (or a slot drops when another request takes it) is kept in host
+    memory, least recently used going first past this many tokens, and a later request with that
+    prefix restores it at `host_restore_per_token_s` instead of prefilling it: llama-server's
+    `--cache-ram` (on by default there), SGLang's HiCache."""
+
+    host_restore_per_token_s: float = 0.0
+    """What restoring one token of KV from the host tier costs, in the prefill pass that admits
+    the request (a copy, far below prefill's compute)."""
+
+
+REAL_TOKENS_PER_TOKEN = 2702 / 4399
+"""Tokens of `bench.llamacpp_model`'s tokenizer (with its chat template) per token of this model's
+count (`tokens`, four characters a token): the load generator's `first_messages(seed, 17000)`
+with its two tools is 2,702 tokens to llama-server (the model's docstring) and 4,399 here. The
+preset below states llama.cpp's costs per token of this model's count through it."""
+
+LLAMACPP_ONE_CORE = EngineParams(
+    slots=4,
+    slot_kv=True,
+    kv_pool_tokens=4 * round(4096 / REAL_TOKENS_PER_TOKEN),
+    prefill_base_s=0.0,
+    prefill_per_token_s=2 * 0.000666 * REAL_TOKENS_PER_TOKEN,
+    decode_base_s=0.004,
+    decode_per_seq_s=0.015,
+    reply_tokens=32,
+    host_cache_tokens=round(8192 * 2**20 / 9216 / REAL_TOKENS_PER_TOKEN),
+    host_restore_per_token_s=2 * 1.8e-6 * REAL_TOKENS_PER_TOKEN,
+)
+"""One replica of `bench/real_flood.py`: llama-server with `--parallel 4` slots of 4096 tokens and
+one thread, two of them on one shared core, serving `bench.llamacpp_model`'s model (22.7 MB,
+6 layers of 384). PROVISIONAL: derived from the model's docstring, to be replaced by measurement.
+
+- `slots` 4, `slot_kv`: llama-server's slots each keep their own KV; `kv_pool_tokens` is 4 x
+  4096 tokens of its tokenizer, in this model's count.
+- `prefill_per_token_s`: 2,702 tokens in 1.8 s on one core alone (0.67 ms a token), twice that
+  with two engines on the core (each gets about half of it under the flood, where both are busy).
+- decode: 69 tokens/s at 2.7k of context, 4.3 ms a token after 575 alone; twice with two engines.
+- `reply_tokens` 32: the real flood's max_tokens; its random replies run to the limit.
+- `host_cache_tokens`: llama-server's `--cache-ram` default of 8192 MiB at 9,216 bytes of KV a
+  token (6 layers x 2 x 384 x f16).
+- `host_restore_per_token_s`: a copy of 9 KB a token at about 5 GB/s.
+"""
+
 
 def params_from_env(spec: str, base: EngineParams | None = None) -> EngineParams:
     """`base` (default: the defaults) with overrides written `field=value,field=value`.
