@@ -114,7 +114,8 @@ class _Slot:
     chain: tuple[Block, ...] = ()
     busy: bool = False
     used_at: int = 0
-    """When it was last taken (a counter): the least recently used has the smallest."""
+    """When it was last released (a counter of admissions): the least recently used has the
+    smallest, empty slots first."""
 
 
 def _common_blocks(a: tuple[Block, ...], b: tuple[Block, ...]) -> int:
@@ -358,8 +359,10 @@ class Engine:
             self.waiting.pop()
             uncached = sum(b.tokens for b in head.blocks[matched:])
             # What the host tier holds right after what the KV has comes back as a copy.
-            restored = self.host.match(head.blocks, matched) if self.host is not None else 0
-            copied = self.host.restore(head.blocks[matched : matched + restored]) if restored else 0
+            restored = copied = 0
+            if self.host is not None:
+                restored = self.host.match(head.blocks, matched)
+                copied = self.host.restore(head.blocks[matched : matched + restored])
             self._queries += head.prompt_tokens
             self._hits += head.prompt_tokens - uncached + copied
             running = _Running(
@@ -394,11 +397,11 @@ class Engine:
             # llama-server updates its host cache for a slot taken as the least recently used, or
             # one that would lose more than half of what it holds.
             if self.host is not None and (by_lru or cached < 0.5 * held):
-                loaded = self.host.match(head.blocks)
                 if slot.chain[common:]:
                     # The slot's prompt is saved to host memory before it is overwritten.
                     self.host.put_chain(slot.chain)
                     copied += sum(b.tokens for b in slot.chain)
+                loaded = self.host.match(head.blocks)
                 if loaded > common:
                     # A longer prefix in host memory: that prompt is loaded into the slot whole.
                     copied += self.host.restore(head.blocks[:loaded])
@@ -406,7 +409,7 @@ class Engine:
                     cached = sum(b.tokens for b in head.blocks[:common])
             self._slot_evicted += sum(b.tokens for b in slot.chain[_common_blocks(slot.chain, head.blocks) :])
             self._taken += 1
-            slot.chain, slot.busy, slot.used_at = head.blocks, True, self._taken
+            slot.chain, slot.busy = head.blocks, True
             uncached = head.prompt_tokens - cached
             self._queries += head.prompt_tokens
             self._hits += cached
@@ -509,6 +512,7 @@ class Engine:
             elif not cache_it:
                 slot.chain = ()
             slot.busy = False
+            slot.used_at = self._taken  # llama-server marks a slot used as it is released
             return
         self.cache.unlock(running.matched)
         self.kv.release(running.reserved)
