@@ -12,7 +12,10 @@ per arm when matplotlib is installed (the `bench` extra).
 Knobs change the named scenario for one invocation (`KNOBS`): the engines' KV pool and slots, the
 tool calls' latency and most number, the contexts' size and the agents of each class. They apply
 on top of the scenario, go into the record (`knobs`) and into every table's title; the verdicts of
-`flood` and `mcp-flood` apply to their knob variants too.
+`flood` and `mcp-flood` apply to their knob variants too. `--host-cache on|off` sets the host
+tier of a scenario of llama.cpp engines (`real-flood`): on as its preset, off as
+`--cache-ram 0`. A scenario names its own default arms (`real-flood`: the real bench's), and
+`real-flood` also prints its figures as the real bench does (`twin`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ tables read side by side.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from luftpause.bench import real_flood
@@ -45,7 +45,7 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def report(title: str, by_seed: dict[int, Sequence[ArmResult]]) -> tuple[str, dict[str, Any]]:
+def report(title: str, by_seed: Mapping[int, Sequence[ArmResult]]) -> tuple[str, dict[str, Any]]:
     """The twin's tables, as text and as a record."""
     seeds = sorted(by_seed)
     rows = {s: {r.name: figures(r) for r in by_seed[s]} for s in seeds}
@@ -103,7 +103,9 @@ def report(title: str, by_seed: dict[int, Sequence[ArmResult]]) -> tuple[str, di
         summary: dict[str, Any] = {"baseline": theirs, "seeds": per_seed}
         for key in real_flood.RATIO_KEYS:
             summary[key] = real_flood._spread([e[key] for e in per_seed if e[key] is not None])
-        summary["verdict"] = real_flood.verdict(summary).replace("counted repeat", "seed")
+        summary["verdict"] = (
+            real_flood.verdict(summary).replace("counted repeat", "seed").replace("the repeats", "the seeds")
+        )
         ratios.append(summary)
     if ratios:
         lines += [
