@@ -30,6 +30,24 @@ call to `step()` is one iteration of the engine's scheduler loop, starting at `n
 A finished request frees its slot and its reservation, and its prompt and reply enter the prefix
 cache. A cancelled request leaves the queue, or frees what it held.
 
+Two modes, both off by default (the calibration has neither), model llama.cpp and host tiers:
+
+- Slots that each keep their own KV (`EngineParams.slot_kv`, llama-server's `--parallel`): no
+  shared pool and no prefix cache. Admission takes the queue's head while a slot is idle: the
+  idle slot whose cached prompt shares the longest prefix with the head's (if that is more than
+  `SLOT_PROMPT_SIMILARITY` of its prompt, llama-server's `--slot-prompt-similarity`), else the
+  least recently used one. The head's prompt beyond the shared prefix is prefilled; what the
+  slot held beyond it is dropped (counted as evicted). A finished request leaves its prompt and
+  reply in its slot. A prompt longer than a slot's context is rejected. Nothing is preempted.
+- A host tier (`EngineParams.host_cache_tokens`, `host_tier`): what the shared pool evicts, or
+  what a slot drops, is kept in host memory. At admission, blocks of the head's prompt that the
+  KV lacks but the tier holds, right after what the KV has, are restored at
+  `host_restore_per_token_s` a token within the prefill pass instead of being computed. On a
+  slot engine the tier holds whole prompts, as llama-server's `--cache-ram` does: when it holds
+  a longer prefix of the head's prompt than the chosen slot, that prefix is loaded into the slot
+  in full, and the slot's own prompt is saved to the tier before it is overwritten, each a copy
+  at the same cost a token.
+
 What the engine did is counted for the simulator's measurements, without changing what it does:
 busy seconds by step kind and tokens evicted from the cache (`work()`), and each admission's
 cache hit as blocks (`on_admit`). Nothing here reads a clock,
@@ -43,10 +61,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from luftpause.fake_engine.host_tier import HostTier
 from luftpause.fake_engine.kv_pool import KvPool
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.prefix_cache import Block, PrefixCache
 from luftpause.fake_engine.waiting import WaitingQueue
+
+SLOT_PROMPT_SIMILARITY = 0.1
+"""The share of a prompt an idle slot's cached prompt must share, as its prefix, for a slot engine
+to prefer that slot over the least recently used: llama-server's --slot-prompt-similarity
+default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +101,31 @@ class _Running:
     prefilled: bool = False
     recompute: int = 0
     """Tokens it had decoded before it was preempted, whose KV its prefill pass computes again."""
+    copied: int = 0
+    """Tokens its prefill pass copies between the host tier and the KV instead of computing."""
+    slot: int = -1
+    """The slot it runs in, on a slot engine."""
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One slot of a slot engine: the prompt and reply of its last request, or of the one it runs."""
+
+    chain: tuple[Block, ...] = ()
+    busy: bool = False
+    used_at: int = 0
+    """When it was last released (a counter of admissions): the least recently used has the
+    smallest, empty slots first."""
+
+
+def _common_blocks(a: tuple[Block, ...], b: tuple[Block, ...]) -> int:
+    """How many leading blocks two chains share."""
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x.key != y.key:
+            break
+        count += 1
+    return count
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +202,21 @@ class Engine:
         self._preempted: list[str] = []
         self._preempted_total = 0
         self.on_admit: Callable[[ModelRequest, int], None] | None = None
-        """Told of each admission: the request and how many of its leading blocks were cached."""
+        """Told of each admission: the request and how many of its leading blocks were cached
+        (in the KV, or in the host tier and restored)."""
+        self.host: HostTier | None = None
+        if self.params.host_cache_tokens > 0:
+            self.host = HostTier(self.params.host_cache_tokens)
+            self.cache.on_evict = self.host.put
+        self._slots: list[_Slot] = []
+        self._slot_evicted = 0
+        self._taken = 0
+        if self.params.slot_kv:
+            if self.params.slots < 1:
+                raise ValueError("slot_kv needs slots: each slot keeps its own KV")
+            self._slots = [_Slot() for _ in range(self.params.slots)]
+        self.slot_context = self.params.kv_pool_tokens // max(self.params.slots, 1)
+        """Tokens of context each slot has, on a slot engine (the pool split evenly)."""
 
     # --- what drivers call -----------------------------------------------------------------
 
@@ -187,8 +250,11 @@ class Engine:
         admitted, rejected = self._admit()
         preempted, self._preempted = tuple(self._preempted), []
         if admitted:
-            uncached = sum(r.uncached + r.recompute for r in admitted)
+            uncached = sum(r.uncached - r.copied + r.recompute for r in admitted)
             duration = self.params.prefill_base_s + self.params.prefill_per_token_s * uncached
+            copied = sum(r.copied for r in admitted)
+            if copied:
+                duration += self.params.host_restore_per_token_s * copied
             self.now += duration
             self._prefill_s += duration
             tokens: dict[str, int] = {}
@@ -226,6 +292,8 @@ class Engine:
         return Step(started, self.now, "decode", tokens, tuple(finished), tuple(rejected))
 
     def load(self) -> EngineLoad:
+        if self._slots:
+            return self._slot_load()
         used = self.cache.locked + sum(r.uncached + r.decoded for r in self.running.values())
         return EngineLoad(
             running=len(self.running),
@@ -241,7 +309,12 @@ class Engine:
         )
 
     def work(self) -> EngineWork:
-        return EngineWork(self._prefill_s, self._decode_s, self.cache.evicted_total, self._preempted_total)
+        evicted = self.cache.evicted_total + self._slot_evicted
+        return EngineWork(self._prefill_s, self._decode_s, evicted, self._preempted_total)
+
+    def slot_chains(self) -> list[tuple[Block, ...]]:
+        """What each slot holds, on a slot engine (for tests and the status of the model)."""
+        return [slot.chain for slot in self._slots]
 
     # --- inside -------------------------------------------------------------------------------
 
@@ -254,10 +327,14 @@ class Engine:
         head = self.waiting.peek()
         if head is None or (self.params.slots and len(self.running) >= self.params.slots):
             return False
+        if self._slots:
+            return True  # a slot is idle (the count above), or the head is rejected
         need = self._reservation(head, self.cache.match(head.blocks))
         return need <= self.kv.free + self.cache.evictable or not self.kv.could_ever_hold(need)
 
     def _admit(self) -> tuple[list[_Running], list[str]]:
+        if self._slots:
+            return self._admit_to_slots()
         admitted: list[_Running] = []
         rejected: list[str] = []
         while len(self.waiting):
@@ -281,22 +358,109 @@ class Engine:
                 break
             self.waiting.pop()
             uncached = sum(b.tokens for b in head.blocks[matched:])
+            # What the host tier holds right after what the KV has comes back as a copy.
+            restored = copied = 0
+            if self.host is not None:
+                restored = self.host.match(head.blocks, matched)
+                copied = self.host.restore(head.blocks[matched : matched + restored])
             self._queries += head.prompt_tokens
-            self._hits += head.prompt_tokens - uncached
-            running = _Running(head, locked, uncached, need, recompute=self._resume.pop(head.request_id, 0))
+            self._hits += head.prompt_tokens - uncached + copied
+            running = _Running(
+                head, locked, uncached, need, recompute=self._resume.pop(head.request_id, 0), copied=copied
+            )
             self.running[head.request_id] = running
             admitted.append(running)
             if self.on_admit is not None:
-                self.on_admit(head, matched)
+                self.on_admit(head, matched + restored)
         return admitted, rejected
+
+    def _admit_to_slots(self) -> tuple[list[_Running], list[str]]:
+        """Admission on a slot engine: the queue's head into an idle slot while one is idle."""
+        admitted: list[_Running] = []
+        rejected: list[str] = []
+        while len(self.waiting):
+            head = self.waiting.peek()
+            assert head is not None
+            if head.prompt_tokens > self.slot_context:
+                self.waiting.pop()
+                rejected.append(head.request_id)
+                continue
+            idle = [i for i, slot in enumerate(self._slots) if not slot.busy]
+            if not idle:
+                break
+            self.waiting.pop()
+            index, common, by_lru = self._pick_slot(head, idle)
+            slot = self._slots[index]
+            cached = sum(b.tokens for b in head.blocks[:common])
+            copied = 0
+            held = sum(b.tokens for b in slot.chain)
+            # llama-server updates its host cache for a slot taken as the least recently used, or
+            # one that would lose more than half of what it holds.
+            if self.host is not None and (by_lru or cached < 0.5 * held):
+                if slot.chain[common:]:
+                    # The slot's prompt is saved to host memory before it is overwritten.
+                    self.host.put_chain(slot.chain)
+                    copied += sum(b.tokens for b in slot.chain)
+                loaded = self.host.match(head.blocks)
+                if loaded > common:
+                    # A longer prefix in host memory: that prompt is loaded into the slot whole.
+                    copied += self.host.restore(head.blocks[:loaded])
+                    common = loaded
+                    cached = sum(b.tokens for b in head.blocks[:common])
+            self._slot_evicted += sum(b.tokens for b in slot.chain[_common_blocks(slot.chain, head.blocks) :])
+            self._taken += 1
+            slot.chain, slot.busy = head.blocks, True
+            uncached = head.prompt_tokens - cached
+            self._queries += head.prompt_tokens
+            self._hits += cached
+            # `uncached` is what the pass computes; the copies are charged on top.
+            running = _Running(head, (), uncached + copied, 0, copied=copied, slot=index)
+            self.running[head.request_id] = running
+            admitted.append(running)
+            if self.on_admit is not None:
+                self.on_admit(head, common)
+        return admitted, rejected
+
+    def _pick_slot(self, head: ModelRequest, idle: list[int]) -> tuple[int, int, bool]:
+        """The idle slot for `head`, how many leading blocks of its prompt that slot holds, and
+        whether it was taken as the least recently used (llama-server's `get_available_slot`:
+        the first slot with the longest common prefix over the similarity threshold, else the
+        least recently used, empty slots first)."""
+        best, best_tokens, best_common = -1, 0.0, 0
+        for i in idle:  # in slot order: a tie goes to the first
+            common = _common_blocks(self._slots[i].chain, head.blocks)
+            tokens = sum(b.tokens for b in head.blocks[:common])
+            if tokens > best_tokens and tokens > SLOT_PROMPT_SIMILARITY * head.prompt_tokens:
+                best, best_tokens, best_common = i, tokens, common
+        if best >= 0:
+            return best, best_common, False
+        lru = min(idle, key=lambda i: self._slots[i].used_at)
+        return lru, _common_blocks(self._slots[lru].chain, head.blocks), True
+
+    def _slot_load(self) -> EngineLoad:
+        used = sum(sum(b.tokens for b in slot.chain) for slot in self._slots)
+        used += sum(r.decoded for r in self.running.values())
+        cached = sum(sum(b.tokens for b in slot.chain) for slot in self._slots if not slot.busy)
+        return EngineLoad(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            used_tokens=used,
+            token_usage=min(1.0, used / self.params.kv_pool_tokens),
+            cache_hit_rate=self._hits / self._queries if self._queries else 0.0,
+            prefix_queries_total=self._queries,
+            prefix_hits_total=self._hits,
+            prompt_tokens_total=self._prompt_total,
+            generation_tokens_total=self._generated_total,
+            cached_tokens=cached,
+        )
 
     def _slots_full(self) -> bool:
         return bool(self.params.slots) and len(self.running) >= self.params.slots
 
     def _preempt_for(self, head: ModelRequest) -> bool:
         """Preempts what `head` needs gone to start now, if priority preemption allows; False if nothing."""
-        if not (self.params.priority_scheduling and self.params.priority_preemption):
-            return False
+        if self._slots or not (self.params.priority_scheduling and self.params.priority_preemption):
+            return False  # a slot engine (llama.cpp) preempts nothing
         # Requests admitted in this same step have not run yet; SGLang looks at its running batch.
         candidates = [
             r
@@ -338,6 +502,18 @@ class Engine:
         return request_id
 
     def _release(self, running: _Running, cache_it: bool) -> None:
+        if self._slots:
+            # The slot keeps what it computed: the prompt, and the reply once it is whole.
+            slot = self._slots[running.slot]
+            request = running.request
+            done = running.decoded >= request.completion_tokens and request.reply is not None
+            if cache_it and done and request.reply is not None:
+                slot.chain = (*request.blocks, request.reply)
+            elif not cache_it:
+                slot.chain = ()
+            slot.busy = False
+            slot.used_at = self._taken  # llama-server marks a slot used as it is released
+            return
         self.cache.unlock(running.matched)
         self.kv.release(running.reserved)
         if cache_it:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,8 @@ class PrefixCache:
         self.locked = 0
         self.evicted_total = 0
         """Tokens evicted since the cache was made (what the simulator reports as churn)."""
+        self.on_evict: Callable[[bytes, int], None] | None = None
+        """Told of each evicted block (its key and tokens): a host tier behind the KV keeps it."""
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._nodes
@@ -182,6 +184,8 @@ class PrefixCache:
                 self.size -= node.tokens
                 freed += node.tokens
                 self.evicted_total += node.tokens
+                if self.on_evict is not None:
+                    self.on_evict(key, node.tokens)
                 key = node.parent
                 node = self._nodes.get(key)
                 if node is not None:

@@ -6,12 +6,16 @@ and while the reply is a tool call waits the tool's latency, appends the call an
 sends the next turn. A text reply ends the run and the next one starts at once (after the
 runtime's own work, in a scenario of sub-agents, `Overheads`). Replies come from
 the fake engine's own rule (`compose_reply`) with the engine's parameters, so a simulated run and
-a run through the HTTP fake engine say and cost the same.
+a run through the HTTP fake engine say and cost the same. An agent that plans its tool calls
+(`AgentSpec.plans_tool_calls`, the twin of `loadgen.agents` in front of a real model) asks for
+text, draws its run's number of calls from its own seeded RNG and adds each call to the reply
+(`loadgen.agents.planned_step`), as the real agents do.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 
 from luftpause.bench.sim.arms import Arm
@@ -21,6 +25,7 @@ from luftpause.fake_engine.engine import ModelRequest
 from luftpause.fake_engine.prefix_cache import prompt_blocks, reply_block
 from luftpause.fake_engine.protocol import reply_message
 from luftpause.fake_engine.replies import MAX_TOOL_CALLS, compose_reply
+from luftpause.loadgen.agents import planned_step
 from luftpause.loadgen.conversation import MAX_TOKENS, TOOLS, first_messages, tool_result_message
 from luftpause.scheduler.state import ServiceClass
 
@@ -50,6 +55,10 @@ class AgentSpec:
     overheads: Overheads = Overheads()
     max_tool_calls: int = MAX_TOOL_CALLS
     """The most tool calls a run makes (the engine's reply rule plans 1 to this many)."""
+    max_tokens: int = MAX_TOKENS
+    """The max_tokens each turn sends."""
+    plans_tool_calls: bool = False
+    """Whether the agent plans its runs' tool calls itself (1 to `max_tool_calls` a run)."""
 
 
 @dataclass
@@ -76,10 +85,14 @@ class Agent:
     records: list[RunRecord] = field(default_factory=list)
     # Each turn's (time it was sent, time its first token came): how long it waited, anywhere.
     turn_waits: list[tuple[float, float]] = field(default_factory=list)
+    # When each turn's reply was complete (what the real bench counts as a turn served).
+    turn_ends: list[float] = field(default_factory=list)
     _runs: int = 0
     _turns: int = 0
+    _planned: int = 0
 
     def start(self) -> None:
+        self._rng = random.Random(f"{self.spec.seed}/{self.spec.name}")
         self.clock.at(self.spec.start_at, self._new_run)
 
     def _new_run(self) -> None:
@@ -89,6 +102,8 @@ class Agent:
         self._started = self.clock.now
         self._replicas: list[str] = []
         self._tool_calls = 0
+        if self.spec.plans_tool_calls:
+            self._planned = self._rng.randint(1, self.spec.max_tool_calls)
         self._send_turn()
 
     def _run_done(self) -> None:
@@ -99,8 +114,14 @@ class Agent:
             self._new_run()
 
     def _send_turn(self) -> None:
+        # An agent that plans its calls gets text: tool_choice "none" leaves the reply to the model.
         reply = compose_reply(
-            self._messages, TOOLS, None, MAX_TOKENS, self.reply_tokens, self.spec.max_tool_calls
+            self._messages,
+            TOOLS,
+            "none" if self.spec.plans_tool_calls else None,
+            self.spec.max_tokens,
+            self.reply_tokens,
+            self.spec.max_tool_calls,
         )
         blocks = prompt_blocks(self._messages, TOOLS)
         self._turns += 1
@@ -109,7 +130,7 @@ class Agent:
             turn_id,
             blocks,
             completion_tokens=reply.completion_tokens,
-            max_tokens=MAX_TOKENS,
+            max_tokens=self.spec.max_tokens,
             reply=reply_block(blocks, reply_message(reply)),
         )
         turn = SimTurn(
@@ -124,7 +145,7 @@ class Agent:
             arrived_at=self.clock.now,
             streamed=self.spec.streamed,
             request_bytes=len(
-                json.dumps({"messages": self._messages, "tools": TOOLS, "max_tokens": MAX_TOKENS})
+                json.dumps({"messages": self._messages, "tools": TOOLS, "max_tokens": self.spec.max_tokens})
             ),
         )
         self.arm.send(turn)
@@ -134,8 +155,19 @@ class Agent:
         if turn.first_token_at is not None:
             self.turn_waits.append((turn.arrived_at, turn.first_token_at))
         self._replicas.append(turn.replica)
+        self.turn_ends.append(self.clock.now)
         message = reply_message(turn.reply)
-        if turn.reply.tool_call is not None:
+        if self.spec.plans_tool_calls:
+            if self._tool_calls < self._planned:
+                text = {"content": message["content"]}
+                message, call = planned_step(text, self._run_id, self._tool_calls, self._rng)
+                self._tool_calls += 1
+                self._messages.append(message)
+                wait = self.spec.tool_latency_s + self.spec.overheads.tool_s + self.spec.overheads.turn_s
+                result = tool_result_message(call)
+                self.clock.after(wait, lambda: self._tool_returned(result))
+                return
+        elif turn.reply.tool_call is not None:
             self._tool_calls += 1
             self._messages.append(message)
             result = tool_result_message(message["tool_calls"][0])

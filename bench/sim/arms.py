@@ -1,5 +1,7 @@
 """The arms of a simulated benchmark: who decides which replica a turn goes to, and when.
 
+- `straight`: no front: each run pinned to one replica by a stable hash of its run id, as the
+  real flood's agents talk to engines directly (`loadgen.agents.pinned`).
 - `router-round-robin`: a class-blind router sending each request to the next replica in turn.
 - `sglang-cache-aware`: the SGLang router's cache-aware policy as documented. The router keeps
   an approximate prefix tree per worker of the requests it sent there. When the load is
@@ -17,7 +19,10 @@
   would feed it: the pool, a probe of each replica's engine load (and its KV pool, as SGLang's
   /get_server_info says it) every 2 s, a tick every 1 s, each turn's arrival (with its body's
   size and max_tokens), start, first token and completion (with its usage and tool-call ids),
-  and the end of each run. A held turn waits until an action places it.
+  and the end of each run. A held turn waits until an action places it. Its replicas are
+  configured as their engines run: on slot engines (llama.cpp) with `kv_slots` their slots and
+  `host_cache` whether they keep a host tier, and engines with no priority queue are sent no
+  priorities (`engine_priority = "none"`), as the real flood's config says.
 - `luftpause-no-run-gate`: the same on replicas whose KV pool nobody told it (an engine whose
   probe cannot read it, no `kv_tokens` in the config): turns are admitted by the lookahead alone
   and paused runs keep their replica however long their tools take, as before the run gate.
@@ -54,6 +59,7 @@ from luftpause.dataplane import headers
 from luftpause.dataplane.priority import Convention, priority_for
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.prefix_cache import Block
+from luftpause.loadgen.agents import pinned
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.events import (
@@ -120,6 +126,13 @@ class Arm(abc.ABC):
     def _finished(self, turn: SimTurn) -> None:
         """Hook: the turn's reply is complete (before the agent reacts to it); routers hear nothing."""
         return None
+
+
+class Straight(Arm):
+    name = "straight"
+
+    def send(self, turn: SimTurn) -> None:
+        self._dispatch(turn, self.order[pinned(turn.run_id, len(self.order))])
 
 
 class RoundRobin(Arm):
@@ -217,6 +230,9 @@ class Luftpause(Arm):
         self._held: dict[str, SimTurn] = {}
         self._known_runs: set[str] = set()
         self.events = 0
+        engine = replicas[0].engine.params
+        if not engine.priority_scheduling:
+            self.engine_priority = "none"  # an engine with no priority queue is told none
         specs = tuple(
             ReplicaSpec(
                 name=name,
@@ -226,6 +242,8 @@ class Luftpause(Arm):
                 reports_load=self.reports_load,
                 lookahead=LOOKAHEAD if self.lookahead is None else self.lookahead,
                 gate_min_runs=GATE_MIN_RUNS if self.gate_min_runs is None else self.gate_min_runs,
+                kv_slots=engine.slots if engine.slot_kv else None,
+                host_cache=engine.host_cache_tokens > 0,
             )
             for name in self.order
         )
@@ -351,6 +369,7 @@ class LuftpauseNoLoadMetricsUncapped(Luftpause):
 ARMS: dict[str, type[Arm]] = {
     arm.name: arm
     for arm in (
+        Straight,
         RoundRobin,
         CacheAware,
         Sticky,

@@ -12,7 +12,10 @@ per arm when matplotlib is installed (the `bench` extra).
 Knobs change the named scenario for one invocation (`KNOBS`): the engines' KV pool and slots, the
 tool calls' latency and most number, the contexts' size and the agents of each class. They apply
 on top of the scenario, go into the record (`knobs`) and into every table's title; the verdicts of
-`flood` and `mcp-flood` apply to their knob variants too.
+`flood` and `mcp-flood` apply to their knob variants too. `--host-cache on|off` sets the host
+tier of a scenario of llama.cpp engines (`real-flood`): on as its preset, off as
+`--cache-ram 0`. A scenario names its own default arms (`real-flood`: the real bench's), and
+`real-flood` also prints its figures as the real bench does (`twin`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from luftpause.bench.results import cell
+from luftpause.bench.sim import twin
 from luftpause.bench.sim.arms import ARMS
 from luftpause.bench.sim.peers import PEERS as PEER_ARMS
 from luftpause.bench.sim.run import ArmResult, simulate
@@ -49,6 +53,7 @@ BATCH_TOLERANCE = 0.05
 PEER_RATIO = {
     "router-plus-engine-priority": 1.4,
     "router-plus-engine-priority-preempt": 1.4,
+    "router-plus-engine-priority-host-tier": 1.4,
     "flow-control": 1.0,
     "run-gate-fixed": 1.0,
 }
@@ -102,6 +107,7 @@ KNOBS = (
     Knob("--context-chars", "context_chars", False, _at_least(1, int, "a context"), "characters of each run's task context"),
     Knob("--batch", "batch_agents", False, _at_least(0, int, "batch agents"), "batch agents"),
     Knob("--interactive", "interactive_agents", False, _at_least(0, int, "interactive agents"), "interactive agents"),
+    Knob("--host-cache-tokens", "host_cache_tokens", True, _at_least(0, int, "the host tier"), "tokens of each engine's host tier (0: none)"),
 )  # fmt: skip
 
 
@@ -112,7 +118,7 @@ def with_knobs(scenario: Scenario, knobs: dict[str, Any]) -> tuple[Scenario, Eng
     engine_fields = {k.field for k in KNOBS if k.engine}
     engine = {f: v for f, v in knobs.items() if f in engine_fields}
     scenario = replace(scenario, **{f: v for f, v in knobs.items() if f not in engine_fields})
-    return scenario, (replace(EngineParams(), **engine) if engine else None)
+    return scenario, (replace(scenario.engine, **engine) if engine else None)
 
 
 def label(scenario: str, knobs: dict[str, Any]) -> str:
@@ -421,9 +427,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument(
-        "--arms", default=",".join(ARMS), help=f"comma-separated arms (default all: {','.join(ARMS)})"
+        "--arms",
+        help=f"comma-separated arms (default: the scenario's, else all: {','.join(ARMS)})",
     )
     parser.add_argument("--no-record", action="store_true", help="do not write a record under bench/results/")
+    parser.add_argument(
+        "--host-cache",
+        choices=("on", "off"),
+        help="real-flood: the engines' host cache on (llama-server's default) or off (--cache-ram 0)",
+    )
     for knob in KNOBS:
         parser.add_argument(
             knob.flag,
@@ -436,12 +448,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seed is not None and args.seeds is not None:
         parser.error("give --seed or --seeds, not both")
     knobs = {k.field: getattr(args, k.field) for k in KNOBS if getattr(args, k.field) is not None}
+    if args.host_cache is not None:
+        if not SCENARIOS[args.scenario].engine.slot_kv:
+            parser.error(
+                "--host-cache is for a scenario of llama.cpp engines (real-flood); see --host-cache-tokens"
+            )
+        if "host_cache_tokens" in knobs:
+            parser.error("give --host-cache or --host-cache-tokens, not both")
+        if args.host_cache == "off":
+            knobs["host_cache_tokens"] = 0
     scenario, params = with_knobs(SCENARIOS[args.scenario], knobs)
     if scenario.batch_agents + scenario.interactive_agents == 0:
         parser.error("no agents: --batch and --interactive cannot both be 0")
     title = label(args.scenario, knobs)
     seeds = args.seeds or [args.seed if args.seed is not None else 1]
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    named = args.arms if args.arms is not None else ",".join(SCENARIOS[args.scenario].arms or ARMS)
+    arms = [a.strip() for a in named.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         print(
@@ -476,6 +498,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         text, summary_record = summary(args.scenario, by_seed, title)
         texts.append(text)
         record["summary"] = summary_record
+    if scenario.agents_plan_tool_calls:
+        # The twin of the real flood: its figures, as the real bench prints them.
+        twin_text, twin_record = twin.report(title, by_seed)
+        texts.append(twin_text)
+        record["twin"] = twin_record
     text = "\n\n".join(texts)
     if args.json:
         print(json.dumps(record))

@@ -7,6 +7,10 @@
   does when the batch is full: the harness marks only its interactive turns (priority 1) and
   leaves batch ones unset, SGLang's worst value, so the gap is over the preemption threshold and
   an interactive turn that does not fit preempts running batch turns.
+- `router-plus-engine-priority-host-tier`: `router-plus-engine-priority` on engines that also keep
+  a host tier behind their KV, as SGLang's HiCache does (`--enable-hierarchical-cache`): what a
+  user can turn on for free. Its size and restore cost (`HOST_TIER_RATIO`,
+  `HOST_RESTORE_PER_TOKEN_S`) are stated and reasoned where they are defined.
 - `flow-control`: a gateway queue in the style of the Gateway API Inference Extension's flow
   control layer (the endpoint picker that llm-d builds on): turns wait at the gateway while
   every replica reads saturated, leave it by priority, then fairness across callers, then
@@ -157,6 +161,34 @@ class RouterPlusEnginePriority(CacheAware):
         super().send(turn)
 
 
+HOST_TIER_RATIO = 2
+"""Each engine's host tier in `router-plus-engine-priority-host-tier`, as a multiple of its KV
+pool (65,536 tokens on the calibrated engine): SGLang's HiCache default (`--hicache-ratio 2`, the host pool sized as a multiple of the
+device pool; `--hicache-size 0`, no fixed size). At Llama-3.2-1B's 32 KiB a token that is 2 GiB
+of host memory per replica, which a laptop with an 8 GB GPU has to spare."""
+
+HOST_RESTORE_PER_TOKEN_S = 5e-6
+"""What copying one token of KV back from the host tier costs, in that arm: 32 KiB a token over a
+laptop GPU's PCIe link (PCIe 4.0 x8, about 13 GB/s host to device in practice), shared by the two
+replicas on the one GPU, about 6.5 GB/s each: 5 microseconds a token, a tenth of the calibrated
+prefill's 50 (`EngineParams.prefill_per_token_s`). HiCache writes evicted nodes to the host in
+the background, overlapped with compute, so a write costs nothing here; a load is charged in the
+prefill pass of the request that needs it (SGLang overlaps loads layer by layer with that pass,
+so this errs on the tier's cost, not its benefit). Derived, not measured: no GPU here."""
+
+
+class RouterPlusEnginePriorityHostTier(RouterPlusEnginePriority):
+    name = "router-plus-engine-priority-host-tier"
+
+    @classmethod
+    def engines(cls, params: EngineParams) -> EngineParams:
+        return replace(
+            params,
+            host_cache_tokens=HOST_TIER_RATIO * params.kv_pool_tokens,
+            host_restore_per_token_s=HOST_RESTORE_PER_TOKEN_S,
+        )
+
+
 class RouterPlusEnginePriorityPreempt(RouterPlusEnginePriority):
     name = "router-plus-engine-priority-preempt"
     priorities = INTERACTIVE_MARKED_ONLY
@@ -297,7 +329,13 @@ class FlowControl(Arm):
 
 PEERS: dict[str, type[Arm]] = {
     arm.name: arm
-    for arm in (RouterPlusEnginePriority, RouterPlusEnginePriorityPreempt, FlowControl, RunGateFixed)
+    for arm in (
+        RouterPlusEnginePriority,
+        RouterPlusEnginePriorityPreempt,
+        RouterPlusEnginePriorityHostTier,
+        FlowControl,
+        RunGateFixed,
+    )
 }
 
 # `arms` imports this module once its own arms exist; the simulator and the CLI see one table.

@@ -10,7 +10,10 @@ leading blocks every run shares) found in the prefix cache; prefill time over bu
 seconds per run ended; tokens evicted from the prefix caches. A turn admitted twice (preempted
 and computed again) counts at each admission: both are work the engine did.
 Every replica orders its waiting queue by the request's priority, as the description's SGLang
-engines did (--enable-priority-scheduling); a request nobody marked keeps arrival order.
+engines did (--enable-priority-scheduling); a request nobody marked keeps arrival order. A
+scenario whose engines have no such queue (`Scenario.priority_queue`: llama.cpp) keeps arrival
+order whatever the requests say. Turns served counts the turns whose reply was complete in the
+window, as the real flood counts them.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ class ArmResult:
     preemptions: int
     """Running turns the engines preempted in the window (only engines with priority preemption do)."""
     wall_s: float
+    turns: int = 0
+    """Turns whose reply was complete in the window."""
+    interactive_p99_s: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +76,10 @@ def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams 
     # The description's test bed ran SGLang with --enable-priority-scheduling in every row. Arms
     # that send no priority leave every request at the same value, so their order stays first
     # come, first served; only an arm that marks its turns sees the engine reorder them.
-    params = ARMS[arm_name].engines(replace(params or EngineParams(), priority_scheduling=True))
+    engines = params or scenario.engine
+    if scenario.priority_queue:
+        engines = replace(engines, priority_scheduling=True)
+    params = ARMS[arm_name].engines(engines)
     wall = time.perf_counter()
     clock = VirtualClock()
     replicas = [SimReplica(f"fake-{chr(ord('a') + i)}", params, clock) for i in range(scenario.replicas)]
@@ -154,4 +163,10 @@ def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams 
         tokens_evicted=sum(a.tokens_evicted - b.tokens_evicted for a, b in pairs),
         preemptions=sum(a.preempted - b.preempted for a, b in pairs),
         wall_s=round(time.perf_counter() - wall, 2),
+        turns=sum(1 for a in agents for ended in a.turn_ends if window_start <= ended <= window_end),
+        interactive_p99_s=(
+            round(sorted(interactive)[min(len(interactive) - 1, int(0.99 * len(interactive)))], 1)
+            if interactive
+            else None
+        ),
     )

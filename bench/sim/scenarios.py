@@ -12,6 +12,13 @@
   so the scheduler hears of each first token as it comes; what differs is the runtime's own work
   between turns, on each tool call and between runs, added as fixed waits (`RUNTIME_OVERHEADS`).
 
+- `real-flood`: the twin of `bench/real_flood.py`, the flood against real llama.cpp: 16 batch and
+  4 interactive own-loop agents on two llama-server replicas of 4 slots (`LLAMACPP_ONE_CORE`,
+  its host cache on as llama-server's default; `--host-cache off` for `--cache-ram 0`), each
+  agent planning its run's 1 to 3 tool calls itself around replies of max_tokens 32 (the real
+  model's replies are random text), 8000-character contexts with the tools in every body,
+  20 s of warm-up and a 120 s window; the real bench's arms by default.
+
 Tool calls take 2 s each, the fixed-latency mode of the fake MCP server used by benchmarks.
 `luftpause bench sim` can change a scenario's agents, contexts, tool calls and engines from its
 command line (`cli.KNOBS`); the named scenarios here stay what the records were made with.
@@ -24,7 +31,9 @@ import random
 from dataclasses import dataclass, replace
 
 from luftpause.bench.sim.agents import AgentSpec, Overheads
+from luftpause.fake_engine.params import LLAMACPP_ONE_CORE, EngineParams
 from luftpause.fake_engine.replies import MAX_TOOL_CALLS
+from luftpause.loadgen.conversation import MAX_TOKENS
 from luftpause.scheduler.state import ServiceClass
 
 TOOL_LATENCY_S = 2.0
@@ -54,6 +63,19 @@ class Scenario:
     overheads: Overheads = Overheads()
     max_tool_calls: int = MAX_TOOL_CALLS
     """The most tool calls a run makes; each run makes 1 to this many (the fake engine's rule)."""
+    engine: EngineParams = EngineParams()
+    """The engines' parameters (knobs apply on top): the calibrated SGLang replica by default."""
+    priority_queue: bool = True
+    """Whether the engines order their queue by priority, as the description's SGLang engines
+    did (--enable-priority-scheduling); llama.cpp has no such queue."""
+    max_tokens: int = MAX_TOKENS
+    """The max_tokens every turn sends."""
+    agents_plan_tool_calls: bool = False
+    """Whether each agent draws its run's tool calls itself (1 to `max_tool_calls`) and adds them
+    to the model's text replies, as `loadgen.agents` does in front of a real model whose replies
+    are random text (`LoadSpec.tool_calls`); else the fake engine's replies make the calls."""
+    arms: tuple[str, ...] = ()
+    """The arms `bench sim` runs when none are named; empty: all of them."""
 
     def agents(self, seed: int) -> list[AgentSpec]:
         rng = random.Random(seed)
@@ -75,6 +97,8 @@ class Scenario:
                         streamed=self.streamed,
                         overheads=self.overheads,
                         max_tool_calls=self.max_tool_calls,
+                        max_tokens=self.max_tokens,
+                        plans_tool_calls=self.agents_plan_tool_calls,
                     )
                 )
         return specs
@@ -89,3 +113,21 @@ for _own_loop in ("flood", "light"):
     SCENARIOS[f"mcp-{_own_loop}"] = replace(
         SCENARIOS[_own_loop], name=f"mcp-{_own_loop}", overheads=RUNTIME_OVERHEADS
     )
+
+REAL_FLOOD_ARMS = ("straight", "router-round-robin", "sglang-cache-aware", "luftpause")
+"""The real bench's arms, as the simulator names them: straight, round-robin, sglang-router
+(its cache-aware policy) and luftpause."""
+
+SCENARIOS["real-flood"] = Scenario(
+    "real-flood",
+    batch_agents=16,
+    interactive_agents=4,
+    context_chars=8000,
+    warmup_s=20.0,
+    window_s=120.0,
+    engine=LLAMACPP_ONE_CORE,
+    priority_queue=False,
+    max_tokens=32,
+    agents_plan_tool_calls=True,
+    arms=REAL_FLOOD_ARMS,
+)
