@@ -85,6 +85,9 @@ class ModelRequest:
     reply: Block | None = None
     """The block the reply becomes in the cache, keyed as the next turn will send it."""
     priority: int = 0
+    slot: int | None = None
+    """On a slot engine, the slot the request names (llama.cpp's `id_slot`): it runs there, and
+    waits while that slot is busy; None: the engine picks one (`_pick_slot`)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -388,8 +391,14 @@ class Engine:
             idle = [i for i, slot in enumerate(self._slots) if not slot.busy]
             if not idle:
                 break
+            named = head.slot if head.slot is not None and 0 <= head.slot < len(self._slots) else None
+            if named is not None and self._slots[named].busy:
+                break  # llama-server defers a request whose slot is busy until it frees
             self.waiting.pop()
-            index, common, by_lru = self._pick_slot(head, idle)
+            if named is not None:
+                index, common, by_lru = named, _common_blocks(self._slots[named].chain, head.blocks), False
+            else:
+                index, common, by_lru = self._pick_slot(head, idle)
             slot = self._slots[index]
             cached = sum(b.tokens for b in head.blocks[:common])
             copied = 0

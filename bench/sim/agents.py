@@ -114,11 +114,15 @@ class Agent:
             self._new_run()
 
     def _send_turn(self) -> None:
-        # An agent that plans its calls gets text: tool_choice "none" leaves the reply to the model.
+        # An agent that plans its calls is answered as the real bench's stand-in answers it
+        # (bench/tool_model.py): a tool call while its plan has calls to make, then text.
+        choice = None
+        if self.spec.plans_tool_calls:
+            choice = "required" if self._tool_calls < self._planned else "none"
         reply = compose_reply(
             self._messages,
             TOOLS,
-            "none" if self.spec.plans_tool_calls else None,
+            choice,
             self.spec.max_tokens,
             self.reply_tokens,
             self.spec.max_tool_calls,
@@ -157,7 +161,7 @@ class Agent:
         self._replicas.append(turn.replica)
         self.turn_ends.append(self.clock.now)
         message = reply_message(turn.reply)
-        if self.spec.plans_tool_calls:
+        if self.spec.plans_tool_calls and turn.reply.tool_call is None:
             if self._tool_calls < self._planned:
                 text = {"content": message["content"]}
                 message, call = planned_step(text, self._run_id, self._tool_calls, self._rng)

@@ -293,6 +293,9 @@ class Luftpause(Arm):
         for action in actions:
             if isinstance(action, Place):
                 turn = self._held.pop(action.turn_id)
+                if action.slot is not None:
+                    # What the dataplane writes into the request: the slot its run's KV is in.
+                    turn.request = dataclasses.replace(turn.request, slot=action.slot)
                 self._start(turn, action.replica)
             elif isinstance(action, Refuse):
                 raise RuntimeError(f"the scheduler refused a simulated turn: {action.message}")

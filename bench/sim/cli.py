@@ -500,7 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["summary"] = summary_record
     if scenario.agents_plan_tool_calls:
         # The twin of the real flood: its figures, as the real bench prints them.
-        twin_text, twin_record = twin.report(title, by_seed)
+        engine = params if params is not None else scenario.engine
+        host = "on" if engine.host_cache_tokens > 0 else "off"
+        twin_text, twin_record = twin.report(title, by_seed, host)
         texts.append(twin_text)
         record["twin"] = twin_record
     text = "\n\n".join(texts)

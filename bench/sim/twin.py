@@ -45,8 +45,11 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def report(title: str, by_seed: Mapping[int, Sequence[ArmResult]]) -> tuple[str, dict[str, Any]]:
-    """The twin's tables, as text and as a record."""
+def report(
+    title: str, by_seed: Mapping[int, Sequence[ArmResult]], host_cache: str
+) -> tuple[str, dict[str, Any]]:
+    """The twin's tables, as text and as a record; `host_cache` ("on", "off") picks the targets
+    its verdicts read (`real_flood.TARGETS`)."""
     seeds = sorted(by_seed)
     rows = {s: {r.name: figures(r) for r in by_seed[s]} for s in seeds}
     arms = [r.name for r in by_seed[seeds[0]]]
@@ -100,7 +103,7 @@ def report(title: str, by_seed: Mapping[int, Sequence[ArmResult]]) -> tuple[str,
                 a, b = rows[s][OURS][key], rows[s][theirs][key]
                 entry[key] = round(a / b, 3) if a is not None and b else None
             per_seed.append(entry)
-        summary: dict[str, Any] = {"baseline": theirs, "seeds": per_seed}
+        summary: dict[str, Any] = {"baseline": theirs, "host_cache": host_cache, "seeds": per_seed}
         for key in real_flood.RATIO_KEYS:
             summary[key] = real_flood._spread([e[key] for e in per_seed if e[key] is not None])
         summary["verdict"] = (

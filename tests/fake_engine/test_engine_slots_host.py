@@ -3,6 +3,8 @@ the KV (of a slot engine and of the shared pool); both off by default."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from luftpause.fake_engine.engine import Engine, ModelRequest
@@ -122,3 +124,19 @@ def test_the_modes_are_off_by_default_and_the_preset_turns_slots_on() -> None:
     assert LLAMACPP_ONE_CORE.host_cache_tokens > 0
     with pytest.raises(ValueError):
         Engine(EngineParams(slot_kv=True))
+
+
+def test_a_request_that_names_its_slot_runs_there_and_waits_while_it_is_busy() -> None:
+
+    engine = Engine(SLOTS)
+    for r in "abcd":
+        run(engine, request(f"{r}1", chain(r, 1)))
+    # A new run e, named into d's slot (least recently used would be a's): a's prefix stays.
+    run(engine, dataclasses.replace(request("e1", chain("e", 1)), slot=3))
+    assert engine.slot_chains()[0][:2] == chain("a", 1) and engine.slot_chains()[3][:2] == chain("e", 1)
+    # While slot 1 is busy, a request naming it waits though other slots are idle.
+    engine.submit(request("b2", chain("b", 2)))
+    engine.step()  # b2 prefills in slot 1 (its own prefix)
+    engine.submit(dataclasses.replace(request("f1", chain("f", 1)), slot=1))
+    step = engine.step()
+    assert step is not None and step.kind == "decode" and "f1" not in engine.running
