@@ -115,7 +115,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import replace
 
-from luftpause.bench.sim.arms import ARMS, Arm, CacheAware, matched_tokens
+from luftpause.bench.sim.arms import ARMS, Arm, CacheAware, Luftpause, matched_tokens
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.turns import SimTurn
@@ -177,16 +177,33 @@ prefill pass of the request that needs it (SGLang overlaps loads layer by layer 
 so this errs on the tier's cost, not its benefit). Derived, not measured: no GPU here."""
 
 
+def with_host_tier(params: EngineParams) -> EngineParams:
+    """The engines with the host tier a user can turn on for free (HiCache's default size)."""
+    return replace(
+        params,
+        host_cache_tokens=HOST_TIER_RATIO * params.kv_pool_tokens,
+        host_restore_per_token_s=HOST_RESTORE_PER_TOKEN_S,
+    )
+
+
 class RouterPlusEnginePriorityHostTier(RouterPlusEnginePriority):
     name = "router-plus-engine-priority-host-tier"
 
     @classmethod
     def engines(cls, params: EngineParams) -> EngineParams:
-        return replace(
-            params,
-            host_cache_tokens=HOST_TIER_RATIO * params.kv_pool_tokens,
-            host_restore_per_token_s=HOST_RESTORE_PER_TOKEN_S,
-        )
+        return with_host_tier(params)
+
+
+class LuftpauseHostTier(Luftpause):
+    """luftpause on the same engines as `router-plus-engine-priority-host-tier`: what a luftpause
+    user gets who turns the host tier on too (its replicas say `host_cache`, so the run gate holds
+    nothing and only the classes and the lookahead order the turns)."""
+
+    name = "luftpause-host-tier"
+
+    @classmethod
+    def engines(cls, params: EngineParams) -> EngineParams:
+        return with_host_tier(params)
 
 
 class RouterPlusEnginePriorityPreempt(RouterPlusEnginePriority):
@@ -340,3 +357,5 @@ PEERS: dict[str, type[Arm]] = {
 
 # `arms` imports this module once its own arms exist; the simulator and the CLI see one table.
 ARMS.update(PEERS)
+# Not a peer: luftpause itself on the host-tier peer's engines.
+ARMS[LuftpauseHostTier.name] = LuftpauseHostTier
