@@ -751,7 +751,7 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
                 tx.held_runs = _bump(tx.held_runs, new_pin, 1)
     old_slot = old.slot if old_pin is not None else None  # type: ignore[union-attr]
     new_slot = new.slot if new_pin is not None else None  # type: ignore[union-attr]
-    if (old_pin, old_slot) != (new_pin, new_slot):
+    if old_slot != new_slot or (old_slot is not None and old_pin != new_pin):
         # The slots a slot engine's held runs keep their KV in (`_slot_for`).
         if old_slot is not None:
             assert old_pin is not None
@@ -1230,16 +1230,9 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
         kept_at = _paused_at(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
         entered = len(tx.entered)
         _place(tx, turn, group, replica)
-        placed = tx.turns[turn.turn_id]
+        slot = _slot_of(tx, tx.turns[turn.turn_id]) if replica.kv_slots is not None else None
         actions.append(
-            Place(
-                turn.turn_id,
-                turn.run_id,
-                replica.name,
-                replica.url,
-                tx.now - turn.arrived_at,
-                slot=_slot_of(tx, placed),
-            )
+            Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at, slot=slot)
         )
         looking = {*still, *tx.entered[entered:]}
         name = replica.name
@@ -1281,7 +1274,7 @@ def _slot_for(tx: _Tx, run: Run, replica: Replica) -> int | None:
     slot engine the gate holds runs on; None elsewhere, or where none is free). Named in the
     request, it keeps the engine from giving a new run the slot of a run paused on its tool:
     llama.cpp picks an idle slot by prompt similarity, and every run's prompt opens alike."""
-    if not gate.names_slots(replica):
+    if replica.kv_slots is None or not gate.names_slots(replica):
         return None
     if run.slot is not None and _pin(run) == replica.name:
         return run.slot
