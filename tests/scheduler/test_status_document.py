@@ -191,8 +191,16 @@ def test_one_run():
         "working_set": REPLY_RESERVE_DEFAULT,
         "held": True,
         "keep_s": None,
+        "slot": None,  # a is no slot engine
     }
     assert run_document(pool.state, "nope", now=7.5) is None
+
+
+def test_a_run_held_on_a_slot_engine_shows_the_slot_its_requests_name():
+    pool = Pool(spec("llama", kv_slots=4))
+    pool.arrive("t0", run_id="r0", caller="alice")
+    pool.arrive("t1", run_id="r1", caller="alice")
+    assert [run_document(pool.state, r, now=pool.now)["slot"] for r in ("r0", "r1")] == [0, 1]
 
 
 async def test_the_app_serves_the_document_a_run_a_404_and_the_page():
