@@ -378,7 +378,7 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
                     url,
                     known.placed_at - known.arrived_at,
                     slot=_slot_of(tx, known),
-                )  # fmt: skip
+                )
             )
         return
     if not tx.serving.get((e.kind, e.model)):
@@ -600,7 +600,7 @@ def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> Non
         max_tokens=t.max_tokens,
     )  # fmt: skip
     tx.next_seq += 1
-    _add_turn(tx, turn, _charge(tx, turn))
+    _add_turn(tx, turn, _charge(tx, turn, tx.runs.get(turn.run_id) if _tracks_run(turn) else None))
     if _tracks_run(turn):
         _run_came_back(tx, t)
         _set_run(tx, turn.run_id, tx.runs[turn.run_id].placed_on(replica.name, tx.now))
@@ -788,10 +788,10 @@ def _add_turn(tx: _Tx, turn: Turn, charge: int = 0) -> None:
         _count_placed(tx, turn, 1, charge)
 
 
-def _charge(tx: _Tx, turn: Turn) -> int:
+def _charge(tx: _Tx, turn: Turn, run: Run | None) -> int:
     """The engine tokens a turn's placement adds to its caller's attained service (fairness.py):
-    its run's working set, or for a turn outside a run or of a run not yet sized, its estimate."""
-    run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
+    its run's working set (`run`: the turn's, None for a turn outside one), or for a turn outside
+    a run or of a run not yet sized, its estimate."""
     if run is not None and run.working_set > 0:
         return run.working_set
     return gate.estimated_working_set(turn.request_bytes, turn.max_tokens, tx.tokens_per_byte.get(turn.model))
@@ -1229,8 +1229,7 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
         turn = tx.turns[tx.lanes[lane].first()[1]]
         kept_at = _paused_at(tx.runs.get(turn.run_id)) if _tracks_run(turn) else None
         entered = len(tx.entered)
-        _place(tx, turn, group, replica)
-        slot = _slot_of(tx, tx.turns[turn.turn_id]) if replica.kv_slots is not None else None
+        slot = _place(tx, turn, group, replica)
         actions.append(
             Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at, slot=slot)
         )
@@ -1249,23 +1248,23 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
             room_batch = [n for n in room_batch if n != name]
 
 
-def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> None:
+def _place(tx: _Tx, turn: Turn, group: Group, replica: Replica) -> int | None:
+    """Places a held turn on `replica`; returns the slot its request names (`_slot_for`)."""
     _unhold(tx, turn, group)
     # Renumbered in the order turns go out, which is the engine's queue order even among turns
     # placed in one decision, where fairness may send a later arrival first.
     placed = turn.placed_on(replica.name, tx.now, tx.next_seq)
     tx.next_seq += 1
     tx.turns = tx.turns.set(turn.turn_id, placed)
-    _count_placed(tx, placed, 1, _charge(tx, placed))
-    _confirm_on_a_free_slot(tx, placed, replica)
     run = tx.runs.get(turn.run_id) if _tracks_run(turn) else None
-    if run is not None:
-        # A paused interactive run coming back turns its kept slot into a turn (see `_set_run`).
-        _set_run(
-            tx,
-            run.run_id,
-            run.placed_on(replica.name, tx.now, _slot_for(tx, run, replica)),
-        )
+    _count_placed(tx, placed, 1, _charge(tx, placed, run))
+    _confirm_on_a_free_slot(tx, placed, replica)
+    if run is None:
+        return None
+    # A paused interactive run coming back turns its kept slot into a turn (see `_set_run`).
+    slot = _slot_for(tx, run, replica)
+    _set_run(tx, run.run_id, run.placed_on(replica.name, tx.now, slot))
+    return slot
 
 
 def _slot_for(tx: _Tx, run: Run, replica: Replica) -> int | None:
@@ -1274,12 +1273,12 @@ def _slot_for(tx: _Tx, run: Run, replica: Replica) -> int | None:
     slot engine the gate holds runs on; None elsewhere, or where none is free). Named in the
     request, it keeps the engine from giving a new run the slot of a run paused on its tool:
     llama.cpp picks an idle slot by prompt similarity, and every run's prompt opens alike."""
-    if replica.kv_slots is None or not gate.names_slots(replica):
+    slots = replica.kv_slots
+    if slots is None or not gate.names_slots(replica):
         return None
     if run.slot is not None and _pin(run) == replica.name:
         return run.slot
     taken = tx.held_slots.get(replica.name, frozenset())
-    slots = replica.kv_slots or 0
     return next((n for n in range(slots) if n not in taken), None)
 
 
