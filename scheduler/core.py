@@ -603,7 +603,8 @@ def _reservation_used(tx: _Tx, e: ReservationUsed, actions: list[Action]) -> Non
     _add_turn(tx, turn, _charge(tx, turn, tx.runs.get(turn.run_id) if _tracks_run(turn) else None))
     if _tracks_run(turn):
         _run_came_back(tx, t)
-        _set_run(tx, turn.run_id, tx.runs[turn.run_id].placed_on(replica.name, tx.now))
+        run = tx.runs[turn.run_id]
+        _set_run(tx, turn.run_id, run.placed_on(replica.name, tx.now, _slot_for(tx, run, replica)))
     _sent_there(tx, t.dataplane, replica.name)
 
 

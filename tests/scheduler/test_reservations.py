@@ -131,6 +131,19 @@ def test_a_turn_sent_on_a_reservation_is_placed_where_it_went_in_its_run():
     assert [t.turn_id for t in log.state.placed()] == ["t2"]
 
 
+def test_a_turn_sent_on_a_reservation_keeps_its_runs_slot_on_a_slot_engine():
+    log = Log(
+        PoolConfigured((ReplicaSpec("a", "http://a", Kind.GENERATIVE, ("m",), lookahead=2, kv_slots=4),))
+    )
+    log.feed(ReservationsWanted("dp", log.at()), log.arrive("t1", "r1", "dp"), log.arrive("t0", "r0", "dp"))
+    assert (log.state.runs["r1"].slot, log.state.runs["r0"].slot) == (0, 1)
+    log.feed(TurnCompleted("t1", "r1", "tool_calls", 1, 1, ("call",), log.at()))
+    (reservation, *_) = log.reserved("dp", "a")
+    log.feed(ReservationUsed(reservation, "a", log.arrive("t2", "r1", "dp"), log.at()))
+    # Its next turn went without asking: r1 still has slot 0, and no other run may take it.
+    assert log.state.runs["r1"].slot == 0 and log.state.held_slots["a"] == frozenset({0, 1})
+
+
 def test_a_held_turn_revokes_every_reservation_and_is_placed_when_they_come_back():
     log = Log()
     log.feed(ReservationsWanted("dp", log.at()), log.arrive("t1", "r1", "dp"), log.arrive("t2", "r2", "dp"))
