@@ -289,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
             "engine_parser",
             "mcp_flood",
             "real_flood",
+            "slot_parking",
             "routing",
             "single_pass",
             "soak",
