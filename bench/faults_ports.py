@@ -11,7 +11,7 @@ the dataplane's, the runtime's), two phases:
 - idle: `--idle` (10,000) connections opened as fast as the machine takes them, which send
   nothing, held until the server closes them (or a few seconds past the header timeout).
 
-Throughout each phase a prober asks the port's operator route (`GET /status`; the dataplane's
+Throughout each phase a prober (a process of its own) asks the port's operator route (`GET /status`; the dataplane's
 `GET /health`) ten times a second, each time on a new connection, as `curl` would, and each
 answer's latency is kept (a 2 s client timeout counts as a failure). The record has, per port
 and phase: the latency's p50, p99 and max and the probes not answered 200; the drill
@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import resource
+import socket
 import statistics
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from luftpause.bench import results
-from luftpause.bench.soak import LoadedStack
 
 # How often the prober asks, and how long it waits for an answer.
 PROBE_EVERY_S = 0.1
@@ -90,56 +88,84 @@ class _Drilled(asyncio.Protocol):
         )
 
 
-class Prober:
-    """Asks `url` every PROBE_EVERY_S on a new connection, in a thread of its own (so the drill's
-    own event loop does not delay it); keeps each answer's latency, and the most descriptors
-    process `pid` (the service) held, from /proc."""
+def _ask(port: int, route: str) -> str:
+    """One `GET route` on a new connection, as curl would ask it: the status code, or why none."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT_S) as sock:
+            sock.settimeout(PROBE_TIMEOUT_S)
+            sock.sendall(f"GET {route} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    except TimeoutError:
+        return "timeout"
+    except OSError as e:
+        return type(e).__name__
+    parts = answer.split(b" ", 2)
+    return parts[1].decode(errors="replace") if answer.startswith(b"HTTP/") and len(parts) > 1 else "garbled"
 
-    def __init__(self, url: str, pid: int | None = None) -> None:
-        self.url, self.pid = url, pid
+
+def _probe(port: int, route: str, pid: int | None, ready: Any, stop: Any, out: Any) -> None:
+    """The prober's process: sets `ready` once it has asked, asks until `stop` is set, then puts
+    (latencies, failures, most fds) on `out`."""
+    latencies: list[float] = []
+    failures: Counter[str] = Counter()
+    max_fds = 0
+    while not stop.is_set():
+        asked = time.monotonic()
+        status = _ask(port, route)
+        if status == "200":
+            latencies.append(time.monotonic() - asked)
+        else:
+            failures[status] += 1
+        if pid is not None:
+            try:
+                max_fds = max(max_fds, len(os.listdir(f"/proc/{pid}/fd")))
+            except OSError:
+                pass
+        ready.set()
+        stop.wait(max(0.0, asked + PROBE_EVERY_S - time.monotonic()))
+    out.put((latencies, dict(failures), max_fds))
+
+
+class Prober:
+    """Asks `GET route` on `port` every PROBE_EVERY_S, each time on a new connection, in a process
+    of its own (so neither the drill's event loop nor its lock on the interpreter delays it); keeps
+    each answer's latency, and the most descriptors process `pid` (the service) held, from /proc."""
+
+    def __init__(self, port: int, route: str, pid: int | None = None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._ready, self._stop, self._out = context.Event(), context.Event(), context.Queue()
+        self._process = context.Process(
+            target=_probe, args=(port, route, pid, self._ready, self._stop, self._out)
+        )
         self.latencies_s: list[float] = []
-        self.failures: Counter[str] = Counter()
+        self.failures: dict[str, int] = {}
         self.max_fds = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._probe, daemon=True)
 
     def __enter__(self) -> Prober:
-        self._thread.start()
+        self._process.start()
+        if not self._ready.wait(timeout=30):
+            self._process.kill()
+            raise RuntimeError("the prober did not start within 30 s")
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=PROBE_TIMEOUT_S + 5)
-
-    def _probe(self) -> None:
-        while not self._stop.is_set():
-            asked = time.monotonic()
-            try:
-                r = httpx.get(self.url, timeout=PROBE_TIMEOUT_S)
-                if r.status_code == 200:
-                    self.latencies_s.append(time.monotonic() - asked)
-                else:
-                    self.failures[str(r.status_code)] += 1
-            except httpx.HTTPError as e:
-                self.failures[type(e).__name__] += 1
-            if self.pid is not None:
-                try:
-                    self.max_fds = max(self.max_fds, len(os.listdir(f"/proc/{self.pid}/fd")))
-                except OSError:
-                    pass
-            self._stop.wait(max(0.0, asked + PROBE_EVERY_S - time.monotonic()))
+        self.latencies_s, self.failures, self.max_fds = self._out.get(timeout=PROBE_TIMEOUT_S + 10)
+        self._process.join(timeout=5)
 
     def summary(self) -> dict[str, Any]:
+        """The latencies' p50, p99 and max, the failures by kind, the most descriptors."""
         lat = sorted(self.latencies_s)
-        ms = (
-            (lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 1))
-            if lat
-            else (lambda q: None)
-        )
+
+        def ms(q: float) -> float | None:
+            return round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
+
         return {
             "probes": len(lat) + sum(self.failures.values()),
             "answered_200": len(lat),
-            "failed": dict(self.failures),
+            "failed": self.failures,
             "p50_ms": ms(0.5),
             "p99_ms": ms(0.99),
             "max_ms": round(1000 * lat[-1], 1) if lat else None,
@@ -204,7 +230,7 @@ async def drill_phase(
     """One phase on one port: `n` connections of `kind` ("slowloris" or "idle") held up to
     `hold_s` past their opening, the operator's route probed meanwhile."""
     head = f"GET {route} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-drill: ".encode() if kind == "slowloris" else b""
-    with Prober(f"http://127.0.0.1:{port}{route}", pid) as prober:
+    with Prober(port, route, pid) as prober:
         started = time.monotonic()
         conns, errors = await _open(port, n, head)
         opened_s = time.monotonic() - started
@@ -246,6 +272,9 @@ PORTS = (
 
 def run(idle: int = 10_000, slowloris: int = 300, header_timeout_s: float = 10.0) -> dict[str, Any]:
     """The drill on a fresh stack (see the module); the record."""
+    # Here, not at the top: the prober's process imports this module, and needs none of the stack.
+    from luftpause.bench.soak import LoadedStack
+
     limit = raise_own_fd_limit(idle + slowloris + CLIENT_SPARE_FDS)
     usable = max(0, limit - CLIENT_SPARE_FDS)
     if usable < idle:

@@ -19,7 +19,10 @@ What one client may hold, and for how long:
   written, a stream) is the new connection answered 503 at once and closed. So a flood of idle or
   trickling connections never keeps the operator from `GET /status`: a new connection that sends
   its head at once is served, however many such connections are open. The process never runs
-  out of descriptors in the middle of requests it already carries.
+  out of descriptors in the middle of requests it already carries. (asyncio accepts a burst of
+  up to uvicorn's backlog, 2048, in one go before any of them is looked at, so for a moment the
+  descriptors may exceed the limit by that many; the drill, bench/faults_ports.py, saw 2,570 on
+  a runtime limited to 1,024, within the 3,136 its limit raises the descriptor limit to.)
 
 The soft RLIMIT_NOFILE is raised at start towards the hard one, as far as `max_connections`
 needs (`raise_fd_limit`), with a warning when even the hard limit is too few. When accepting still
