@@ -128,7 +128,8 @@ class HttpPortSettings(_Strict):
     port, the runtime's, the scheduler's status port): luftpause/http_server.py keeps them."""
 
     # How long a connection may take to send a request's head, from opening or from its last
-    # response (a 408 and closed beyond), and then the request's whole body (the same).
+    # response (a 408 and closed beyond), and then the request's whole body (the same): a body of
+    # the dataplane's max_body_bytes (16 MiB) must come at 0.6 MB/s or more; raise it for slower.
     header_timeout_s: float = Field(default=10.0, gt=0)
     body_timeout_s: float = Field(default=30.0, gt=0)
     # How long a kept-alive connection may stay silent after a response (closed beyond).
