@@ -16,7 +16,6 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -26,9 +25,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause import logs, tracing
+from luftpause import http_server, logs, tracing
 from luftpause.bearer import Tokens
-from luftpause.dataplane import auth, headers, server, workers
+from luftpause.dataplane import auth, headers, workers
 from luftpause.dataplane.auth import token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
@@ -146,12 +145,13 @@ def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | 
         )
     else:
         log.info("dataplane worker %d (%s), scheduler at %s", worker, name, settings.scheduler)
-    server.raise_fd_limit(settings.max_connections)
-    uv_config = uvicorn.Config(
+    # The port's bounds (head and body deadlines, connection limit, descriptor limit): http_server.
+    uv_config = http_server.uvicorn_config(
         HostGuard(create_app(config, token_from_env(), name), allowed_hosts(config)),
+        settings,
+        "dataplane",
         host=settings.host,
         port=settings.port,
-        http=server.protocol(settings.header_timeout_s, settings.max_connections),
         # The CLI configured logging already; per-request access lines cost more than the turn, so
         # they are written only at DEBUG (luftpause/logs.py).
         log_config=None,
@@ -159,4 +159,4 @@ def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | 
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     sockets = None if listen_fd is None else [socket.socket(fileno=listen_fd)]
-    uvicorn.Server(uv_config).run(sockets=sockets)
+    http_server.Server(uv_config, settings, "dataplane").run(sockets=sockets)

@@ -42,6 +42,8 @@ LOOKAHEAD = 2
 GATE_MIN_RUNS = 10
 # The dataplane's default bound on a request body: 16 MiB.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# The runtime's: an MCP request carries a tool call's arguments, not a model's context.
+RUNTIME_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -121,14 +123,32 @@ class Replica(_Strict):
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
-class SchedulerSettings(_Strict):
+class HttpPortSettings(_Strict):
+    """The bounds on a service's HTTP port, the same keys in each service's section (the dataplane's
+    port, the runtime's, the scheduler's status port): luftpause/http_server.py keeps them."""
+
+    # How long a connection may take to send a request's head, from opening or from its last
+    # response (a 408 and closed beyond), and then the request's whole body (the same): a body of
+    # the dataplane's max_body_bytes (16 MiB) must come at 0.6 MB/s or more; raise it for slower.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # How long a kept-alive connection may stay silent after a response (closed beyond).
+    keep_alive_timeout_s: int = Field(default=5, ge=1)
+    # How many connections may be open at once. Past it, the one waiting longest for a request
+    # head is closed to make room; a 503 for the new one when every open one is in a request.
+    max_connections: int = Field(default=1024, ge=1)
+
+
+class SchedulerSettings(HttpPortSettings):
+    """The HTTP bounds (HttpPortSettings) are the status port's; the gRPC port is grpcio's."""
+
     host: str = "127.0.0.1"
     grpc_port: int = SCHEDULER_GRPC_PORT
     status_port: int = SCHEDULER_STATUS_PORT
     probe_period_s: float = 2.0
 
 
-class DataplaneSettings(_Strict):
+class DataplaneSettings(HttpPortSettings):
     host: str = "127.0.0.1"
     port: int = DATAPLANE_PORT
     # host:port of the scheduler's gRPC server
@@ -139,9 +159,8 @@ class DataplaneSettings(_Strict):
     # a 504 beyond), and then go without sending a byte (the stream is cut). 0: no limit.
     engine_first_byte_timeout_s: float = Field(default=600.0, ge=0)
     engine_idle_timeout_s: float = Field(default=300.0, ge=0)
-    # How long a connection may take to send a request's head (a 408 beyond), and how many may
-    # be open at once (a 503 for the next): dataplane/server.py.
-    header_timeout_s: float = Field(default=10.0, gt=0)
+    # The HTTP bounds are HttpPortSettings', with room for more connections: each stream of a
+    # turn holds one.
     max_connections: int = Field(default=2048, ge=1)
     # Dataplane processes accepting on the one port, each with its own scheduler stream
     # (dataplane/workers.py); max_connections is per worker.
@@ -162,9 +181,11 @@ class McpServer(_Strict):
         return self
 
 
-class RuntimeSettings(_Strict):
+class RuntimeSettings(HttpPortSettings):
     host: str = "127.0.0.1"
     port: int = RUNTIME_PORT
+    # The longest request body /mcp takes (a 413 naming this key beyond); the mcp SDK's default.
+    max_body_bytes: int = Field(default=RUNTIME_MAX_BODY_BYTES, ge=1024)
     dataplane: str = f"http://127.0.0.1:{DATAPLANE_PORT}"
     state_dir: str = "state"
     default_model: str = DEFAULT_MODEL

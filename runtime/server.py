@@ -11,7 +11,8 @@ use a state directory (state_lock.py).
 
 Approvals reach the harness user while an await or run covers the run, if the client advertises
 elicitation (elicitation.py). Tasks clients get run as a task (tasks.py). With `LUFTPAUSE_TOKEN`
-set, /mcp, /status and /metrics need it as a bearer token (auth.py).
+set, /mcp, /status and /metrics need it as a bearer token (auth.py). A request body is at most
+`[runtime] max_body_bytes` (`BodyLimit`); the port's other bounds are luftpause/http_server.py's.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from luftpause import __version__, logs, tracing
+from luftpause import __version__, http_server, logs, tracing
 from luftpause.bearer import Tokens
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
+from luftpause.errors import error_body
 from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.runtime import auth
 from luftpause.runtime.arguments import readable_arguments_error
@@ -57,6 +59,56 @@ class RuntimeMCP(MCPServer):
             if isinstance(e.__cause__, ValidationError) and not isinstance(e, UnexpectedToolError):
                 raise ToolError(readable_arguments_error(name, e.__cause__)) from None
             raise
+
+
+class BodyLimit:
+    """Refuses a request body over `limit` bytes with a 413 whose JSON error names the limit and its
+    config key, from the Content-Length when there is one, else once the body has grown past it.
+
+    The mcp SDK has a limit of its own, answered in plain text that an MCP client cannot show; it
+    is given the same limit, behind this one, so it never answers. The body is read here whole
+    (as the SDK does) and handed on as one message.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(int(declared), scope, receive, send)
+            return
+        body, first = bytearray(), None
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                first = message  # the client left: the app sees it
+                break
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._refuse(None, scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        queued: list[Message] = [first] if first else [{"type": "http.request", "body": bytes(body)}]
+
+        async def replay() -> Message:
+            return queued.pop() if queued else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, size: int | None, scope: Scope, receive: Receive, send: Send) -> None:
+        what = f"{size:,} bytes" if size is not None else "longer than that"
+        message = (
+            f"request body is {what}; this runtime takes at most {self.limit:,} bytes "
+            "(raise [runtime] max_body_bytes in the config to allow more)"
+        )
+        await JSONResponse(error_body(message), status_code=413, headers={"connection": "close"})(
+            scope, receive, send
+        )
 
 
 def build_mcp(runtime: Runtime) -> MCPServer:
@@ -100,7 +152,10 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
     operator_token = os.environ.get(OPERATOR_TOKEN_ENV) or None
     runtime = Runtime(config, state_dir, token=token, operator_token=operator_token)
     mcp = build_mcp(runtime)
-    app = mcp.streamable_http_app(host=config.runtime.host)
+    limit = config.runtime.max_body_bytes
+    app = mcp.streamable_http_app(host=config.runtime.host, max_request_body_size=limit)
+    # Behind the bearer check (added before it), so a stranger's body is never read.
+    app.add_middleware(BodyLimit, limit=limit)
     if token is not None:
         app.add_middleware(
             auth.BearerAuth, tokens=Tokens(token, operator_token), guarded=auth.guarded, refuse=auth.refuse
@@ -132,15 +187,15 @@ def serve(config: Config, state_dir: str | None = None) -> None:
         raise SystemExit(f"luftpause runtime: {e}") from None
     settings = config.runtime
     log.info("runtime: MCP at http://%s:%d/mcp, status at /status", settings.host, settings.port)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_config=None,
-            access_log=logs.access_log(),
-            # An await may hold its request open for minutes; do not wait for it on shutdown.
-            timeout_graceful_shutdown=3,
-        )
+    uv_config = http_server.uvicorn_config(
+        app,
+        settings,
+        "runtime",
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=logs.access_log(),
+        # An await may hold its request open for minutes; do not wait for it on shutdown.
+        timeout_graceful_shutdown=3,
     )
-    server.run()
+    http_server.Server(uv_config, settings, "runtime").run()

@@ -32,11 +32,10 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Sequen
 from typing import Any, TypeVar
 
 import grpc
-import uvicorn
 from opentelemetry.trace import StatusCode
 
 from luftpause import config as _config
-from luftpause import tracing
+from luftpause import http_server, tracing
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
@@ -606,7 +605,9 @@ def grpc_server(token: str | None) -> grpc.aio.Server:
     )
 
 
-class _StatusServer(uvicorn.Server):
+class _StatusServer(http_server.Server):
+    """The status port, bounded as every HTTP port is (luftpause/http_server.py, `[scheduler]`)."""
+
     # The process handles SIGTERM/SIGINT itself (see `_main`) and then stops this server.
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -617,7 +618,9 @@ def _listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(128)
+    # uvicorn's own backlog: a burst of connections waits in the kernel's queue rather than
+    # having its handshakes dropped (and retried a second later).
+    sock.listen(2048)
     sock.setblocking(False)
     return sock
 
@@ -659,7 +662,7 @@ async def _main(config: _config.Config) -> None:
     await server.start()
 
     status = _StatusServer(
-        uvicorn.Config(
+        http_server.uvicorn_config(
             HostGuard(
                 build_app(
                     lambda: host.state,
@@ -673,10 +676,14 @@ async def _main(config: _config.Config) -> None:
                 ),
                 allowed_hosts(config),
             ),
+            settings,
+            "scheduler",
             log_level="warning",
             access_log=False,
             lifespan="off",
-        )
+        ),
+        settings,
+        "scheduler",
     )
     tasks = [
         asyncio.create_task(status.serve(sockets=[status_socket]), name="status"),

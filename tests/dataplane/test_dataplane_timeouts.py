@@ -6,7 +6,7 @@ that takes a request and then says nothing (`silent`: not even a status line) or
 middle of a stream (`hang`). What a user must see: a 504 naming the replica for the first, the
 chunks so far and a connection closed without `[DONE]` for the second, the engine request closed
 and the slot freed either way; a connection that trickles its head is answered 408 and closed;
-the connection past the limit is answered 503 at once.
+the connection past the limit, all of them in a request, is answered 503 at once.
 """
 
 from __future__ import annotations
@@ -183,7 +183,17 @@ def test_connections_trickling_their_heads_are_closed_with_a_408(stack: _Stack):
 
 
 def test_the_connection_past_the_limit_is_answered_503_at_once(stack: _Stack):
+    # Each held connection is in the middle of a request, its body awaited (the 100 Continue says
+    # so), so none may be closed to make room (an idle one would be: luftpause/http_server.py).
     held = [socket.create_connection(("127.0.0.1", stack.ports.dataplane)) for _ in range(MAX_CONNECTIONS)]
+    for sock in held:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 100\r\n"
+            b"expect: 100-continue\r\n\r\n"
+        )
+    for sock in held:
+        sock.settimeout(5)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
     try:
         extra = socket.create_connection(("127.0.0.1", stack.ports.dataplane))
         answer = bytearray()
@@ -205,7 +215,7 @@ def test_the_descriptor_limit_is_raised_to_what_the_connection_limit_needs():
         "import resource\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
-        "from luftpause.dataplane.server import raise_fd_limit\n"
+        "from luftpause.http_server import raise_fd_limit\n"
         "print(raise_fd_limit(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
     )
     out = subprocess.run(
