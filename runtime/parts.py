@@ -30,7 +30,7 @@ from luftpause.runtime.spec import SpawnArguments
 from luftpause.runtime.state_lock import StateLock
 from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
-from luftpause.runtime.views import summary
+from luftpause.runtime.views import every_subtree_total, status_tree, summary
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Runtime:
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model, self.metrics)
-        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run, self.metrics)
+        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run, self.metrics, settings)
         self.metrics.watch_runs(lambda: self.runs)
         self.tasks = Tasks(self.state_dir, self.runs, self.writer)
         self._evicting: asyncio.Task[None] | None = None
@@ -174,12 +174,12 @@ class Runtime:
         """GET /status: every run (flat, and as a tree with subtree totals), tool servers, tools."""
         tools, _ = self.tool_servers.catalog()
 
-        def node(run: Run) -> dict[str, Any]:
-            return {**summary(run), "children": [node(c) for c in run.children]}
-
+        runs = list(self.runs)
+        totals = every_subtree_total(self.runs.roots())
+        summaries = {r.handle: summary(r, totals.get(r.handle)) for r in runs}
         return {
-            "runs": [summary(run) for run in self.runs],
-            "tree": [node(root) for root in self.runs.roots()],
+            "runs": list(summaries.values()),
+            "tree": status_tree(self.runs.roots(), summaries),
             "toolServers": [
                 {
                     "name": s.name,

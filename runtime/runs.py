@@ -8,6 +8,10 @@ next start.
 
 Cancelling a run cancels its running descendants, and a budget set on a run caps its whole
 subtree (budgets.py): a spent budget cancels the subtree of the run that set it.
+
+Spawn is bounded: a run tree at most `[runtime] max_depth` runs deep (16 by default), and at most
+`[runtime] max_running_per_caller` runs running at once for one caller (256); past either, spawn
+is refused with a message naming the limit and its key.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from luftpause.config import RuntimeSettings
 from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
@@ -53,9 +58,15 @@ class Runs:
     """Every run this runtime knows, live or restored from the journal."""
 
     def __init__(
-        self, journal: Journal, driver: Driver, on_end: EndHook, metrics: RuntimeMetrics | None = None
+        self,
+        journal: Journal,
+        driver: Driver,
+        on_end: EndHook,
+        metrics: RuntimeMetrics | None = None,
+        settings: RuntimeSettings | None = None,
     ) -> None:
         self.journal = journal
+        self.settings = settings or RuntimeSettings()
         self.metrics = metrics or RuntimeMetrics()
         self._driver = driver
         self._on_end = on_end
@@ -82,10 +93,15 @@ class Runs:
 
     # -- spawning -------------------------------------------------------------------------------
 
-    def spawn(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
-        """Journals the run, then starts its loop; returns once the journal has it."""
-        parent = self.get(spec.parent) if spec.parent is not None else None
+    def spawn(
+        self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
+    ) -> Run:
+        """Journals the run, then starts its loop; returns once the journal has it. `parent`: the
+        run `spec.parent` names, when the caller has looked it up already."""
+        if parent is None and spec.parent is not None:
+            parent = self.get(spec.parent)
         if parent is not None:
+            self._check_depth(parent)
             tripped = tripped_above(parent)
             if tripped is not None:
                 raise SpawnRefused(
@@ -107,6 +123,25 @@ class Runs:
         self.add(run)
         self.start(run)
         return run
+
+    def _check_depth(self, parent: Run) -> None:
+        """SpawnRefused when a child of `parent` would be deeper than `[runtime] max_depth`."""
+        limit = self.settings.max_depth
+        depth, run = 1, parent  # `parent`'s depth, the root counting as one
+        while depth < limit:
+            above = run.parent
+            if above is None and run.spec.parent is not None and run.spec.parent != run.handle:
+                # Not linked in memory (an archived run, or one above it): the archive knows it.
+                record = self.journal.archived(run.spec.parent)
+                above = from_archive(record) if record is not None else None
+            if above is None:
+                return
+            depth, run = depth + 1, above
+        raise SpawnRefused(
+            f"run {parent.handle} is {limit} runs deep (its root counting as one), and a run tree may "
+            f"be at most {limit} deep ([runtime] max_depth = {limit}): spawn this run under a run "
+            "nearer the root, or raise max_depth in the config"
+        )
 
     async def spawn_durably(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
         """`spawn`, acknowledged only once the journal has the run on disk. When it cannot be
