@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ class Runtime:
     async def start(self) -> None:
         self.tool_servers.start()
         retention_s = self.config.runtime.retention_s
-        restore(self.runs, retention_s)
+        restore(self.runs, retention_s, self.config.runtime.archive_retention_s)
         self.tasks.restore()
         self._evicting = asyncio.create_task(self._evict_every(min(retention_s / 10, 600.0)), name="evict")
         log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
@@ -77,10 +78,17 @@ class Runtime:
         """Finished runs older than the retention window leave memory for the archive."""
         while True:
             await asyncio.sleep(period_s)
+            settings = self.config.runtime
             try:
-                await evict(self.runs, self.config.runtime.retention_s)
+                await evict(self.runs, settings.retention_s)
             except OSError as e:
                 log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
+            try:
+                await asyncio.to_thread(
+                    self.journal.archive_file.trim, settings.archive_retention_s, time.time()
+                )
+            except OSError as e:
+                log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
 
     async def stop(self) -> None:
         """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot
@@ -112,23 +120,31 @@ class Runtime:
         run is on disk when this returns. Refusals are `ToolError`, `UnknownRun`, `NotYours`,
         `SpawnRefused` or `JournalError`, each saying why."""
         spec = arguments.spec(self.config.runtime.default_model)
-        if spec.parent is not None:
-            self.run_for(spec.parent, who)
+        parent = (await self.runs_for([spec.parent], who))[0] if spec.parent is not None else None
         await self._check_model(spec.model)
         if spec.tools is not None:
             await self._check_tool_names(spec.tools)
-        return await self.runs.spawn_durably(spec, who.caller, who.owner)
+        return await self.runs.spawn_durably(spec, who.caller, who.owner, parent)
 
     def who(self, ctx: Any) -> Who:
         """The identity of the request `ctx` belongs to (callers.py)."""
         return who_of(ctx, self.operator_token)
 
     def run_for(self, handle: str, who: Who) -> Run:
-        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`)."""
+        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`).
+        Blocking when the run is archived: on the event loop, use `runs_for`."""
         run = self.runs.get(handle)
         if not who.may_see(run):
             raise NotYours(handle)
         return run
+
+    async def runs_for(self, handles: list[str], who: Who) -> list[Run]:
+        """`run_for` of each handle (each once, in order), archived ones read off the event loop."""
+        runs = await self.runs.find(handles)
+        for run in runs:
+            if not who.may_see(run):
+                raise NotYours(run.handle)
+        return runs
 
     async def _check_model(self, model: str) -> None:
         """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""

@@ -79,14 +79,34 @@ class Runs:
         return iter(list(self._runs.values()))
 
     def get(self, handle: str) -> Run:
-        """The run, live or restored; one that left memory for the archive is read from there."""
+        """The run, live or restored; one that left memory for the archive is read from there
+        (blocking: on the event loop, `find` it instead)."""
         run = self._runs.get(handle)
         if run is not None:
             return run
-        archived = self.journal.archived(handle)
-        if archived is None:
+        archived = self._archived([handle])
+        if handle not in archived:
             raise UnknownRun(handle)
-        return from_archive(archived)
+        return archived[handle]
+
+    async def find(self, handles: list[str]) -> list[Run]:
+        """The runs, each once, in the order asked; those that left memory are read from the
+        archive in one go, off the event loop. UnknownRun for the first handle nobody knows."""
+        handles = list(dict.fromkeys(handles))
+        missing = [h for h in handles if h not in self._runs]
+        archived = await asyncio.to_thread(self._archived, missing) if missing else {}
+        found = []
+        for h in handles:
+            run = self._runs.get(h) or archived.get(h)
+            if run is None:
+                raise UnknownRun(h)
+            found.append(run)
+        return found
+
+    def _archived(self, handles: list[str]) -> dict[str, Run]:
+        """Archived runs by handle, each whole: with the runs below it (archive.py, restore.py)."""
+        trees = self.journal.archive_file.trees(handles)
+        return {h: from_archive(tree[0], tree[1:]) for h, tree in trees.items()}
 
     def roots(self) -> list[Run]:
         return [r for r in self._runs.values() if r.parent is None]
@@ -143,11 +163,13 @@ class Runs:
             "nearer the root, or raise max_depth in the config"
         )
 
-    async def spawn_durably(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
+    async def spawn_durably(
+        self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
+    ) -> Run:
         """`spawn`, acknowledged only once the journal has the run on disk. When it cannot be
         written the run is taken back (its loop stopped, forgotten) and JournalError raised: a run
         the journal does not have must not go on in memory."""
-        run = self.spawn(spec, caller, owner)
+        run = self.spawn(spec, caller, owner, parent)
         try:
             await self.journal.durable()
         except JournalError:
@@ -295,7 +317,7 @@ class Runs:
 
     async def cancel(self, handle: str, reason: str = "cancelled by the client") -> Run:
         """Cancels a running run and its running descendants (each journaled as cancelled)."""
-        run = self.get(handle)
+        (run,) = await self.find([handle])
         ended = self._cancel_subtree(run, reason)
         tasks = [r.task for r in ended if r.task is not None and not r.task.done()]
         await self.journal.durable()
@@ -375,7 +397,16 @@ class Runs:
         With `stop_on_approval`, also returns (not timed out) as soon as one of the runs has a
         pending approval for which it answers True, so the caller can ask the user.
         """
-        runs = [self.get(h) for h in dict.fromkeys(handles)]
+        return await self.wait_on(await self.find(handles), mode, timeout_s, stop_on_approval)
+
+    async def wait_on(
+        self,
+        runs: list[Run],
+        mode: AwaitMode,
+        timeout_s: float,
+        stop_on_approval: Callable[[Run, Approval], bool] | None = None,
+    ) -> tuple[list[Run], bool]:
+        """`wait` on runs already found."""
         timed_out = await self.changes.until(lambda: waited_enough(runs, mode, stop_on_approval), timeout_s)
         return runs, timed_out
 

@@ -184,8 +184,9 @@ class Tasks:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown task {task_id!r}")
         return task
 
-    def detailed(self, task: Task) -> dict[str, Any]:
-        """The task as tasks/get answers it (a DetailedTask)."""
+    async def detailed(self, task: Task) -> dict[str, Any]:
+        """The task as tasks/get answers it (a DetailedTask); its run read off the event loop
+        when it has left memory."""
         body: dict[str, Any] = {
             "taskId": task.task_id,
             "createdAt": iso(task.created_at),
@@ -194,7 +195,7 @@ class Tasks:
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
         try:
-            run = self.runs.get(task.handle)
+            (run,) = await self.runs.find([task.handle])
         except UnknownRun:
             run = None
         if task.closed_status == "cancelled":
@@ -226,9 +227,9 @@ class Tasks:
             }
         return {**body, "status": "working", "statusMessage": f"run {run.handle} is running"}
 
-    def update(self, task: Task, responses: dict[str, Any]) -> None:
+    async def update(self, task: Task, responses: dict[str, Any]) -> None:
         """Applies approval answers from tasks/update; unknown or answered keys are ignored."""
-        run = self.runs.get(task.handle)
+        (run,) = await self.runs.find([task.handle])
         for key, response in responses.items():
             call_id = task_approval_call(key)
             if call_id is None or not isinstance(response, dict):
@@ -315,16 +316,16 @@ class TasksExtension(Extension):
             return refused(str(e))
         body = {
             k: v
-            for k, v in self.tasks.detailed(task).items()
+            for k, v in (await self.tasks.detailed(task)).items()
             if k not in ("result", "error", "inputRequests")
         }
         return {"resultType": "task", **body}
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
-        return {"resultType": "complete", **self.tasks.detailed(self.tasks.get(params.taskId))}
+        return {"resultType": "complete", **(await self.tasks.detailed(self.tasks.get(params.taskId)))}
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> HandlerResult:
-        self.tasks.update(self.tasks.get(params.taskId), params.inputResponses)
+        await self.tasks.update(self.tasks.get(params.taskId), params.inputResponses)
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
