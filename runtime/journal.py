@@ -33,6 +33,10 @@ calls again and asks no answered approval again:
         before any of the calls runs.
     {"v":1,"type":"call","run":H,"at":T,"message":{...},<counters>}
         One call of that reply done: its role "tool" message.
+    {"v":1,"type":"asked","run":H,"at":T,"call":ID,"tool":NAME,"deadline":D}
+        The call with this tool_call id waits for approval until D (Unix time: asked, plus
+        `[runtime] approval_timeout_s`); past it the run fails "approval expired", after a
+        restart too (the resumed run asks again with the same deadline).
     {"v":1,"type":"approval","run":H,"at":T,"call":ID,"tool":NAME,"allow":B}
         The user allowed (or declined) the call with this tool_call id.
 
@@ -137,8 +141,9 @@ class ReplayedRun:
     # A round cut short: the assistant message asking for tools, and the calls already answered.
     pending_turn: dict[str, Any] | None = None
     pending_results: list[dict[str, Any]] = field(default_factory=list)
-    # Approval decisions by tool_call id.
+    # Approval decisions by tool_call id, and the deadlines of those asked.
     decisions: dict[str, bool] = field(default_factory=dict)
+    deadlines: dict[str, float] = field(default_factory=dict)
     # The trace context its spans go under (tracing on when it was spawned); None: none.
     traceparent: str | None = None
     # Its own budget's `budget exceeded: ...` message, once tripped (archived runs only).
@@ -188,6 +193,9 @@ class Journal:
 
     def call(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
         self.append("call", run, message=message, **rounded(counters))
+
+    def asked(self, run: str, call_id: str, tool: str, deadline: float) -> None:
+        self.append("asked", run, call=call_id, tool=tool, deadline=round(deadline, 3))
 
     def approval(self, run: str, call_id: str, tool: str, allow: bool) -> None:
         self.append("approval", run, call=call_id, tool=tool, allow=allow)
@@ -253,7 +261,7 @@ class Journal:
         fresh = [_archived_record(runs[h]) for h in runs if h in leaving and h not in archived]
         self.archive_file.append(fresh)
         self.writer.close_file(self.path)
-        _replace_durably(self.path, kept)
+        replace_durably(self.path, kept)
         self.writer.open(self.path)
         log.info(
             "journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh)
@@ -325,7 +333,7 @@ def _line(record: dict[str, Any]) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def _replace_durably(path: Path, records: list[dict[str, Any]]) -> None:
+def replace_durably(path: Path, records: list[dict[str, Any]]) -> None:
     """`path` holds `records` afterwards, or (after a crash) what it held before: never a mix."""
     fresh = path.with_name(path.name + ".compacting")
     with fresh.open("w", encoding="utf-8") as f:
@@ -410,6 +418,8 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn
         run.pending_results.append(record["message"])
     elif kind == "approval" and isinstance(record.get("call"), str):
         run.decisions[record["call"]] = bool(record.get("allow"))
+    elif kind == "asked" and isinstance(record.get("call"), str):
+        run.deadlines[record["call"]] = float(record["deadline"])
     elif kind == "finished":
         run.finished = record
     else:

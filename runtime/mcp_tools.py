@@ -136,7 +136,9 @@ async def status(
     ctx: Context,
     handle: Annotated[
         str | None,
-        Field(description="one run's handle, ended up to the archive's window ago (a week by default); omit for your recent runs"),
+        Field(
+            description="one run's handle, ended up to the archive's window ago (a week by default); omit for your recent runs"
+        ),
     ] = None,
 ) -> RunsResult:
     """Return runs as they stand now, without waiting: one run by its handle (with its parent and

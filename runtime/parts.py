@@ -21,7 +21,7 @@ from luftpause.config import Config
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
-from luftpause.runtime.journal_writer import JsonlWriter
+from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.restore import evict, restore
@@ -71,7 +71,9 @@ class Runtime:
         retention_s = self.config.runtime.retention_s
         restore(self.runs, retention_s, self.config.runtime.archive_retention_s)
         self.tasks.restore()
-        self._evicting = asyncio.create_task(self._evict_every(min(retention_s / 10, 600.0)), name="evict")
+        # Each tenth of the shorter window, between 1 s and 10 minutes.
+        period_s = min(max(min(retention_s, self.config.runtime.task_retention_s) / 10, 1.0), 600.0)
+        self._evicting = asyncio.create_task(self._evict_every(period_s), name="evict")
         log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
 
     async def _evict_every(self, period_s: float) -> None:
@@ -89,6 +91,10 @@ class Runtime:
                 )
             except OSError as e:
                 log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
+            try:
+                self.tasks.trim()
+            except (OSError, JournalError) as e:
+                log.error("rewriting tasks.jsonl failed (%s); it is tried again at the next pass", e)
 
     async def stop(self) -> None:
         """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot

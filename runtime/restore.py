@@ -55,6 +55,7 @@ def restore(runs: Runs, retention_s: float | None = None, archive_retention_s: f
             pending_turn=replayed.pending_turn,
             pending_results=list(replayed.pending_results),
             decisions=dict(replayed.decisions),
+            approval_deadlines=dict(replayed.deadlines),
             owner=replayed.owner,
             restored=True,
             traceparent=replayed.traceparent,

@@ -17,6 +17,7 @@ is refused with a message naming the limit and its key.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -73,6 +74,8 @@ class Runs:
         self._runs: dict[str, Run] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._timers: dict[str, asyncio.Task[None]] = {}
+        # Runs running now, by caller: what `[runtime] max_running_per_caller` bounds.
+        self._running: collections.Counter[str | None] = collections.Counter()
         self.changes = Changes(self._in_background)
 
     def __iter__(self) -> Iterator[Run]:
@@ -128,6 +131,13 @@ class Runs:
                     f"run {tripped.handle} is over its budget ({tripped.budget_exceeded}); "
                     "nothing more can be spawned under it"
                 )
+        limit = self.settings.max_running_per_caller
+        if self._running[caller] >= limit:
+            raise SpawnRefused(
+                f"caller {caller!r} has {self._running[caller]} runs running, the most one caller may "
+                f"([runtime] max_running_per_caller = {limit}): await or cancel some of them before "
+                "spawning more, or raise max_running_per_caller in the config"
+            )
         handle = new_handle()
         traceparent = spans.parent_of_new_run(parent)
         self.journal.spawned(handle, spec.model_dump(), caller, owner, traceparent)
@@ -186,8 +196,15 @@ class Runs:
 
     def forget(self, run: Run) -> None:
         """The run leaves memory (taken back, or moved to the archive), with its budget's timer."""
-        self._runs.pop(run.handle, None)
+        if self._runs.pop(run.handle, None) is not None and run.running:
+            self._ran(run)
         self._stop_timer(run.handle)
+
+    def _ran(self, run: Run) -> None:
+        """One run of its caller's fewer running."""
+        self._running[run.caller] -= 1
+        if self._running[run.caller] <= 0:
+            del self._running[run.caller]
 
     def _stop_timer(self, handle: str) -> None:
         timer = self._timers.pop(handle, None)
@@ -197,6 +214,8 @@ class Runs:
     def add(self, run: Run) -> None:
         """Holds the run (spawned or restored), linked to its parent, with its seconds budget's timer."""
         self._runs[run.handle] = run
+        if run.running:
+            self._running[run.caller] += 1
         if run.spec.parent is not None:
             parent = self._runs.get(run.spec.parent)
             if parent is run:
@@ -289,6 +308,8 @@ class Runs:
             log.error("run %s: its end is not journaled (%s); it resumes on the next start", run.handle, e)
         run.status, run.result, run.error = status, result, error
         run.finished_at = time.time()
+        if run.handle in self._runs:
+            self._ran(run)
         # Its conversation is never read again (await answers with the result; a restart replays
         # only unfinished runs): a finished run kept for the retention window costs little.
         run.messages, run.pending_turn, run.pending_results = [], None, []
@@ -296,6 +317,7 @@ class Runs:
             approval.abandon()
         run.approvals.clear()
         run.decisions.clear()
+        run.approval_deadlines.clear()
         run.done.set()
         run.done = ENDED
         # A seconds budget whose whole subtree has ended has nothing left to cap.
