@@ -182,13 +182,13 @@ class RuntimeSettings(_Strict):
     # trees are trimmed from it (at start, and by the pass that moves runs there once the oldest
     # is a tenth of the window past it), and their handles are unknown from then on. A week:
     # the archive then holds what a week of runs leaves (at the soak's rate some 200,000 runs,
-    # each some 100 bytes of index in memory once a lookup has read it). At least retention_s.
+    # each some 130 bytes of index in memory: 25 MB). At least retention_s.
     archive_retention_s: float = Field(default=7 * 86400.0, gt=0)
     # How deep a run tree may grow: a spawn whose parent is this many runs from its root (the
     # root counting as one) is refused. Restored trees deeper than this still load and show.
     max_depth: int = Field(default=16, ge=1)
     # Runs one caller (runtime/callers.py) may have running at once; its next spawn is refused
-    # until one ends. The floods of loadgen and bench run up to 64 sub-agents per session.
+    # until one ends. The fan-outs and floods of loadgen and bench run at most 48 per session.
     max_running_per_caller: int = Field(default=256, ge=1)
     # How long a tool call waits for its approval before its run fails with "approval expired";
     # the deadline is journaled, so a restart neither restarts nor forgets it.

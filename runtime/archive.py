@@ -4,7 +4,7 @@ Its records are journal.py's `archived` records, one a run, appended and never e
 first record is the one that counts. The index holds each handle's byte offset in the file and
 each run's children (from the `parent` of their specs), so that a lookup reads one line a run,
 whatever the archive holds: it is built by one scan of the file the first time it is needed
-(compaction at start needs it) and kept up to date by every append. It costs some 100 bytes of
+(compaction at start needs it) and kept up to date by every append. It costs some 130 bytes of
 memory an archived run, and the archive is trimmed, so both stay bounded: a tree whose last run
 ended more than `[runtime] archive_retention_s` ago (a week by default) is dropped, at start and
 by the eviction pass once the oldest tree is a tenth of the window past it; the file is
