@@ -199,7 +199,34 @@ class RuntimeSettings(HttpPortSettings):
     # holds about 40. At least 60 s: eviction looks every tenth of the window, and a client needs
     # the time to list what it has just seen end.
     retention_s: float = Field(default=120.0, ge=60)
+    # How long an archived run tree stays in archive.jsonl, from when its last run ended: older
+    # trees are trimmed from it (at start, and by the pass that moves runs there once the oldest
+    # is a tenth of the window past it), and their handles are unknown from then on. A week:
+    # the archive then holds what a week of runs leaves (at the soak's rate some 200,000 runs,
+    # each some 130 bytes of index in memory: 25 MB). At least retention_s.
+    archive_retention_s: float = Field(default=7 * 86400.0, gt=0)
+    # How deep a run tree may grow: a spawn whose parent is this many runs from its root (the
+    # root counting as one) is refused. Restored trees deeper than this still load and show.
+    max_depth: int = Field(default=16, ge=1)
+    # Runs one caller (runtime/callers.py) may have running at once; its next spawn is refused
+    # until one ends. The fan-outs and floods of loadgen and bench run at most 48 per session.
+    max_running_per_caller: int = Field(default=256, ge=1)
+    # How long a tool call waits for its approval before its run fails with "approval expired";
+    # the deadline is journaled, so a restart neither restarts nor forgets it.
+    approval_timeout_s: float = Field(default=3600.0, gt=0)
+    # How long tasks/get still answers for a task after it ended (its `ttlMs`); an older one is
+    # forgotten, in memory and in tasks.jsonl (rewritten without it).
+    task_retention_s: float = Field(default=3600.0, gt=0)
     mcp_servers: list[McpServer] = [McpServer(name="fake-mcp", url=f"http://127.0.0.1:{FAKE_MCP_PORT}/mcp")]
+
+    @model_validator(mode="after")
+    def _archive_outlives_memory(self) -> RuntimeSettings:
+        if self.archive_retention_s < self.retention_s:
+            raise ValueError(
+                f"archive_retention_s ({self.archive_retention_s:g}) must be at least retention_s "
+                f"({self.retention_s:g}): a run must not leave the archive before it leaves memory"
+            )
+        return self
 
 
 def _embedded_replicas() -> list[Replica]:

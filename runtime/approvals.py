@@ -6,13 +6,17 @@ tool and arguments until someone decides: the harness user through an elicitatio
 an await or run covers the run, see elicitation.py), a Tasks client through `tasks/update`, or any
 client through the approve tool. A declined call is answered to the sub-agent with
 `DECLINED_TEXT`. Decisions are journaled by tool_call id, so a decision made just before a
-restart is not asked again; an unanswered one is.
+restart is not asked again; an unanswered one is, with the deadline it was first asked with:
+a call waits at most `[runtime] approval_timeout_s` (an hour by default) from when it was first
+asked, restarts included (the deadline is journaled), and its run then fails with `approval
+expired: ...`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +41,10 @@ def needs_approval(
     return bool(hints.get("destructiveHint")) and not bool(hints.get("readOnlyHint"))
 
 
+class ApprovalExpired(Exception):
+    """A tool call's approval was not given before its deadline."""
+
+
 @dataclass
 class Approval:
     """One tool call waiting for the user's decision."""
@@ -45,6 +53,11 @@ class Approval:
     tool: str
     arguments: dict[str, Any]
     decision: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def expire(self) -> None:
+        """Its deadline passed unanswered."""
+        if not self.decision.done():
+            self.decision.set_exception(ApprovalExpired())
 
     def abandon(self) -> None:
         """The run ended while waiting: nobody needs the decision any more."""
@@ -76,15 +89,32 @@ async def ask_approval(runs: Runs, run: Run, call_id: str, tool: str, arguments:
     """Waits for the user's decision on one tool call (journaled once made); True to allow."""
     if call_id in run.decisions:
         return run.decisions[call_id]
+    timeout_s = runs.settings.approval_timeout_s
+    deadline = run.approval_deadlines.get(call_id)
+    if deadline is None:
+        deadline = run.approval_deadlines[call_id] = time.time() + timeout_s
+        runs.journal.asked(run.handle, call_id, tool, deadline)
     approval = Approval(call_id=call_id, tool=tool, arguments=arguments)
     run.approvals[call_id] = approval
     log.info("run %s: tool call %s (%s) waits for approval", run.handle, call_id, tool)
     runs.changes.pulse()
+    # At the deadline the decision fails (not a wait_for: a decision made wakes the run as directly).
+    expiry = asyncio.get_running_loop().call_later(max(deadline - time.time(), 0.0), approval.expire)
     try:
-        allow = await approval.decision
+        try:
+            allow = await approval.decision
+        except ApprovalExpired:
+            runs.finish(
+                run,
+                "failed",
+                error=f"approval expired: tool call {call_id} ({tool}) waited {timeout_s:g} s for approval "
+                f"([runtime] approval_timeout_s = {timeout_s:g}); spawn the run again to be asked anew",
+            )
+            return False
         await runs.journal.durable()  # the call runs (or is declined) once the decision is on disk
         return allow
     finally:
+        expiry.cancel()
         run.approvals.pop(call_id, None)
         runs.changes.pulse()
 

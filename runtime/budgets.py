@@ -33,13 +33,19 @@ class BudgetView(BaseModel):
 
 
 def subtree_used(owner: Run, now: float | None = None) -> dict[str, float]:
-    """What a run's subtree has spent, in the budget's units."""
+    """What a run's subtree has spent, in the budget's units. Seconds run from the owner's spawn
+    until now while a run of the subtree runs, and stop when the last of them ended."""
     tokens = tool_calls = 0
+    running, ended = False, owner.created_at
     for run in owner.subtree():
         tokens += int(run.counters["promptTokens"]) + int(run.counters["completionTokens"])
         tool_calls += int(run.counters["toolCalls"])
-    seconds = round((now if now is not None else time.time()) - owner.created_at, 1)
-    return {"tokens": tokens, "toolCalls": tool_calls, "seconds": seconds}
+        if run.running:
+            running = True
+        elif run.finished_at is not None:
+            ended = max(ended, run.finished_at)
+    until = (now if now is not None else time.time()) if running else ended
+    return {"tokens": tokens, "toolCalls": tool_calls, "seconds": round(until - owner.created_at, 1)}
 
 
 def _number(x: float) -> str:
@@ -99,11 +105,21 @@ def tripped_kind(message: str) -> str:
     return message.removeprefix("budget exceeded: ").split(" ")[0]
 
 
+def own_trip(error: str | None, kinds: set[str]) -> str | None:
+    """The `budget exceeded: <which> ...` error of a run that ended so, when `<which>` is one of
+    the kinds of its own limits (`kinds`): its own budget tripped. None otherwise."""
+    if error and error.startswith("budget exceeded") and tripped_kind(error) in kinds:
+        return error
+    return None
+
+
+# The spawn argument that sets each kind of limit (spec.py).
+LIMIT_ARGUMENTS = {"tokens": "budgetTokens", "toolCalls": "budgetToolCalls", "seconds": "budgetSeconds"}
+
+
 def restore_tripped(run: Run) -> None:
     """Marks a restored run whose end was its own budget tripping: the tripped budget shows on its
     owner, the run whose limit the `budget exceeded: <which> ...` error names."""
-    limits = run.spec.limits()
-    if run.error and run.error.startswith("budget exceeded") and limits:
-        kind = tripped_kind(run.error)
-        if kind in limits:
-            run.budget_exceeded = run.error
+    tripped = own_trip(run.error, set(run.spec.limits()))
+    if tripped is not None:
+        run.budget_exceeded = tripped

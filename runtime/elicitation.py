@@ -66,8 +66,7 @@ async def await_runs(
     `return_on_approval`), so that its model can answer with approve.
     """
     who = runtime.who(ctx)
-    for handle in handles:
-        runtime.run_for(handle, who)
+    found = await runtime.runs_for(handles, who)
     caps = ctx.client_capabilities
     can_elicit = caps is not None and caps.elicitation is not None
     modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -91,7 +90,7 @@ async def await_runs(
     stop = unasked if can_elicit else (lambda r, a: True) if return_on_approval else None
     while True:
         remaining = deadline - time.time()
-        runs, timed_out = await runtime.runs.wait(handles, mode, max(remaining, 0.0), stop_on_approval=stop)
+        runs, timed_out = await runtime.runs.wait_on(found, mode, max(remaining, 0.0), stop_on_approval=stop)
         if timed_out or ended(runs, mode) or not can_elicit:
             return runs, timed_out
         pending = [(r, a) for r in runs for a in list(r.approvals.values()) if unasked(r, a)]

@@ -33,6 +33,10 @@ calls again and asks no answered approval again:
         before any of the calls runs.
     {"v":1,"type":"call","run":H,"at":T,"message":{...},<counters>}
         One call of that reply done: its role "tool" message.
+    {"v":1,"type":"asked","run":H,"at":T,"call":ID,"tool":NAME,"deadline":D}
+        The call with this tool_call id waits for approval until D (Unix time: asked, plus
+        `[runtime] approval_timeout_s`); past it the run fails "approval expired", after a
+        restart too (the resumed run asks again with the same deadline).
     {"v":1,"type":"approval","run":H,"at":T,"call":ID,"tool":NAME,"allow":B}
         The user allowed (or declined) the call with this tool_call id.
 
@@ -48,11 +52,14 @@ this is what replay hands back to resume an unfinished run.
 Finished runs do not stay for ever. At each start the journal is compacted: of a finished run
 only its `spawned` and `finished` records are kept (its rounds are never read again), and a run
 tree whose runs all finished longer ago than the retention window (`[runtime] retention_s`) moves
-to `archive.jsonl`, one record per run, from which `await` and the other tools still answer:
+to `archive.jsonl`, one record per run, from which `await` and the other tools still answer
+(archive.py indexes it by handle, and trims trees older than `[runtime] archive_retention_s`):
 
     {"v":1,"type":"archived","run":H,"at":T,"spec":{...},"caller":C,"owner":O,"status":S,
-     "result":R,"error":E,<counters>}
-        T is when the run finished.
+     "result":R,"error":E,"budgetExceeded":B,<counters>}
+        T is when the run finished; B is the `budget exceeded: ...` message of the run's own
+        budget if it tripped, else null (absent in older archives: then read from an error
+        naming one of the run's own limits, as a restart does). A run's children are the runs whose spec names it `parent`.
 
 The new runs.jsonl is written beside the old one and renamed over it, so a crash leaves one or
 the other whole; the archive is written (and fsynced) first, and a run already there is not
@@ -75,6 +82,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from luftpause.runtime.archive import Archive
+from luftpause.runtime.budgets import LIMIT_ARGUMENTS, own_trip
 from luftpause.runtime.journal_writer import JsonlWriter
 
 log = logging.getLogger(__name__)
@@ -132,10 +141,13 @@ class ReplayedRun:
     # A round cut short: the assistant message asking for tools, and the calls already answered.
     pending_turn: dict[str, Any] | None = None
     pending_results: list[dict[str, Any]] = field(default_factory=list)
-    # Approval decisions by tool_call id.
+    # Approval decisions by tool_call id, and the deadlines of those asked.
     decisions: dict[str, bool] = field(default_factory=dict)
+    deadlines: dict[str, float] = field(default_factory=dict)
     # The trace context its spans go under (tracing on when it was spawned); None: none.
     traceparent: str | None = None
+    # Its own budget's `budget exceeded: ...` message, once tripped (archived runs only).
+    budget_exceeded: str | None = None
 
 
 class Journal:
@@ -148,6 +160,7 @@ class Journal:
         # A torn last line (a crash mid-write) is ended first: the fragment stays for anyone
         # inspecting the file and is skipped on every replay.
         self.writer.open(self.path)
+        self.archive_file = Archive(self.archive_path)
 
     def append(self, record_type: str, run: str, **fields: Any) -> dict[str, Any]:
         """Queues one record, in order; `durable` says when it is on disk."""
@@ -181,6 +194,9 @@ class Journal:
     def call(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
         self.append("call", run, message=message, **rounded(counters))
 
+    def asked(self, run: str, call_id: str, tool: str, deadline: float) -> None:
+        self.append("asked", run, call=call_id, tool=tool, deadline=round(deadline, 3))
+
     def approval(self, run: str, call_id: str, tool: str, allow: bool) -> None:
         self.append("approval", run, call=call_id, tool=tool, allow=allow)
 
@@ -206,10 +222,15 @@ class Journal:
     def archive_path(self) -> Path:
         return self.path.with_name(ARCHIVE_NAME)
 
-    def compact(self, retention_s: float, now: float | None = None) -> int:
+    def compact(
+        self, retention_s: float, now: float | None = None, archive_retention_s: float | None = None
+    ) -> int:
         """Rewrites runs.jsonl as the module says, before anything else is appended at start;
-        returns how many runs went to the archive."""
+        returns how many runs went to the archive. With `archive_retention_s`, the archive is
+        trimmed of trees older than that first (archive.py)."""
         now = time.time() if now is None else now
+        if archive_retention_s is not None:
+            self.archive_file.trim(archive_retention_s, now, slack=0.0)
         self.writer.flush()
         # It warns of what it skips; the replay at start, right after, then need not again.
         records = read_records(self.path)
@@ -224,10 +245,10 @@ class Journal:
             parent = run.spec.get("parent")
             if isinstance(parent, str) and parent in runs and parent != run.handle:
                 children.setdefault(parent, []).append(run.handle)
-        archived = archived_handles(self.archive_path)
+        archived = self.archive_file
         # Old trees, and runs that left memory for the archive while the last process ran.
         leaving = set(_old_trees(runs, children, retention_s, now))
-        leaving |= {h for h in archived if h in runs and runs[h].finished is not None}
+        leaving |= {h for h, r in runs.items() if r.finished is not None and h in archived}
         kept: list[dict[str, Any]] = []
         for handle, own in by_run.items():
             replayed = runs.get(handle)
@@ -238,10 +259,9 @@ class Journal:
         if not leaving and len(kept) == len(records):
             return 0
         fresh = [_archived_record(runs[h]) for h in runs if h in leaving and h not in archived]
-        if fresh:
-            _append_durably(self.archive_path, fresh)
+        self.archive_file.append(fresh)
         self.writer.close_file(self.path)
-        _replace_durably(self.path, kept)
+        replace_durably(self.path, kept)
         self.writer.open(self.path)
         log.info(
             "journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh)
@@ -251,39 +271,15 @@ class Journal:
     def archive(self, runs: list[ReplayedRun]) -> None:
         """Appends runs leaving memory to the archive (durably, before they are forgotten).
 
-        The archive is not read: a run in memory is never in it (compaction at start keeps
-        archived runs out of memory; eviction forgets a run once it is written here). Reading it
-        to check, on every eviction pass, cost memory in proportion to the whole archive, which
-        only grows: the runtime's resident memory crept up with it under a steady load. A write
+        A run in memory is never in the archive (compaction at start keeps archived runs out of
+        memory; eviction forgets a run once it is written here), so nothing is checked. A write
         that failed part-way leaves its runs in memory, to be written again at the next pass:
         readers take a run's first archive record."""
-        if runs:
-            _append_durably(self.archive_path, [_archived_record(r) for r in runs])
+        self.archive_file.append([_archived_record(r) for r in runs])
 
     def archived(self, handle: str) -> dict[str, Any] | None:
-        """The archive's record of a run (its first), or None. Read a line at a time, parsing
-        only lines that name the handle: the archive only grows, and holding all of it at once
-        for one lookup cost memory and event-loop time in proportion to it."""
-        if not self.archive_path.exists():
-            return None
-        needle = json.dumps(handle, ensure_ascii=False).encode("utf-8")  # as `_line` writes it
-        with self.archive_path.open("rb") as f:
-            for raw in f:
-                if needle not in raw:
-                    continue
-                try:
-                    record = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue  # a torn line; replay and compaction warn of it
-                if isinstance(record, dict) and record.get("run") == handle:
-                    return record
-        return None
-
-
-def archived_handles(path: Path) -> set[str]:
-    return {
-        r["run"] for r in read_records(path) if r.get("type") == "archived" and isinstance(r.get("run"), str)
-    }
+        """The archive's record of a run (its first), or None: one line read, by the index."""
+        return self.archive_file.record(handle)
 
 
 def _old_trees(
@@ -327,6 +323,8 @@ def _archived_record(run: ReplayedRun) -> dict[str, Any]:
         "status": end.get("status"),
         "result": end.get("result"),
         "error": end.get("error"),
+        "budgetExceeded": run.budget_exceeded
+        or own_trip(end.get("error"), {k for k, a in LIMIT_ARGUMENTS.items() if run.spec.get(a) is not None}),
         **rounded(run.counters),
     }
 
@@ -335,14 +333,7 @@ def _line(record: dict[str, Any]) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def _append_durably(path: Path, records: list[dict[str, Any]]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.writelines(_line(r) for r in records)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _replace_durably(path: Path, records: list[dict[str, Any]]) -> None:
+def replace_durably(path: Path, records: list[dict[str, Any]]) -> None:
     """`path` holds `records` afterwards, or (after a crash) what it held before: never a mix."""
     fresh = path.with_name(path.name + ".compacting")
     with fresh.open("w", encoding="utf-8") as f:
@@ -427,6 +418,8 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn
         run.pending_results.append(record["message"])
     elif kind == "approval" and isinstance(record.get("call"), str):
         run.decisions[record["call"]] = bool(record.get("allow"))
+    elif kind == "asked" and isinstance(record.get("call"), str):
+        run.deadlines[record["call"]] = float(record["deadline"])
     elif kind == "finished":
         run.finished = record
     else:

@@ -136,7 +136,9 @@ async def status(
     ctx: Context,
     handle: Annotated[
         str | None,
-        Field(description="one run's handle, however long ago it ended; omit for your recent runs"),
+        Field(
+            description="one run's handle, ended up to the archive's window ago (a week by default); omit for your recent runs"
+        ),
     ] = None,
 ) -> RunsResult:
     """Return runs as they stand now, without waiting: one run by its handle (with its parent and
@@ -145,7 +147,9 @@ async def status(
     still answers here and in await."""
     who = runtime.who(ctx)
     runs = (
-        [runtime.run_for(handle, who)] if handle is not None else [r for r in runtime.runs if who.may_see(r)]
+        await runtime.runs_for([handle], who)
+        if handle is not None
+        else [r for r in runtime.runs if who.may_see(r)]
     )
     return RunsResult(runs=[view(r) for r in runs])
 
@@ -155,7 +159,7 @@ async def cancel(
 ) -> RunView:
     """Cancel a running run and every run under it, and return it; its status becomes cancelled.
     A run already done is returned unchanged."""
-    runtime.run_for(handle, runtime.who(ctx))
+    await runtime.runs_for([handle], runtime.who(ctx))
     return view(await runtime.runs.cancel(handle))
 
 
@@ -167,7 +171,7 @@ async def approve(
 ) -> RunView:
     """Answer a run's tool call that waits for approval (status AwaitingApproval, see
     pendingApproval): allow it, or decline it (the sub-agent is told the user declined)."""
-    run = runtime.run_for(handle, runtime.who(ctx))
+    (run,) = await runtime.runs_for([handle], runtime.who(ctx))
     decided = decide_approval(runtime.runs, run, allow)
     await runtime.journal.durable()
     if decided is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from luftpause.config import Config
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal import Journal
-from luftpause.runtime.journal_writer import JsonlWriter
+from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.restore import evict, restore
@@ -30,7 +31,7 @@ from luftpause.runtime.spec import SpawnArguments
 from luftpause.runtime.state_lock import StateLock
 from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
-from luftpause.runtime.views import summary
+from luftpause.runtime.views import every_subtree_total, status_tree, summary
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Runtime:
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model, self.metrics)
-        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run, self.metrics)
+        self.runs = Runs(self.journal, self.agent.drive, self.dataplane.end_run, self.metrics, settings)
         self.metrics.watch_runs(lambda: self.runs)
         self.tasks = Tasks(self.state_dir, self.runs, self.writer)
         self._evicting: asyncio.Task[None] | None = None
@@ -68,19 +69,32 @@ class Runtime:
     async def start(self) -> None:
         self.tool_servers.start()
         retention_s = self.config.runtime.retention_s
-        restore(self.runs, retention_s)
+        restore(self.runs, retention_s, self.config.runtime.archive_retention_s)
         self.tasks.restore()
-        self._evicting = asyncio.create_task(self._evict_every(min(retention_s / 10, 600.0)), name="evict")
+        # Each tenth of the shorter window, between 1 s and 10 minutes.
+        period_s = min(max(min(retention_s, self.config.runtime.task_retention_s) / 10, 1.0), 600.0)
+        self._evicting = asyncio.create_task(self._evict_every(period_s), name="evict")
         log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
 
     async def _evict_every(self, period_s: float) -> None:
         """Finished runs older than the retention window leave memory for the archive."""
         while True:
             await asyncio.sleep(period_s)
+            settings = self.config.runtime
             try:
-                await evict(self.runs, self.config.runtime.retention_s)
+                await evict(self.runs, settings.retention_s)
             except OSError as e:
                 log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
+            try:
+                await asyncio.to_thread(
+                    self.journal.archive_file.trim, settings.archive_retention_s, time.time()
+                )
+            except OSError as e:
+                log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
+            try:
+                self.tasks.trim()
+            except (OSError, JournalError) as e:
+                log.error("rewriting tasks.jsonl failed (%s); it is tried again at the next pass", e)
 
     async def stop(self) -> None:
         """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot
@@ -112,23 +126,31 @@ class Runtime:
         run is on disk when this returns. Refusals are `ToolError`, `UnknownRun`, `NotYours`,
         `SpawnRefused` or `JournalError`, each saying why."""
         spec = arguments.spec(self.config.runtime.default_model)
-        if spec.parent is not None:
-            self.run_for(spec.parent, who)
+        parent = (await self.runs_for([spec.parent], who))[0] if spec.parent is not None else None
         await self._check_model(spec.model)
         if spec.tools is not None:
             await self._check_tool_names(spec.tools)
-        return await self.runs.spawn_durably(spec, who.caller, who.owner)
+        return await self.runs.spawn_durably(spec, who.caller, who.owner, parent)
 
     def who(self, ctx: Any) -> Who:
         """The identity of the request `ctx` belongs to (callers.py)."""
         return who_of(ctx, self.operator_token)
 
     def run_for(self, handle: str, who: Who) -> Run:
-        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`)."""
+        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`).
+        Blocking when the run is archived: on the event loop, use `runs_for`."""
         run = self.runs.get(handle)
         if not who.may_see(run):
             raise NotYours(handle)
         return run
+
+    async def runs_for(self, handles: list[str], who: Who) -> list[Run]:
+        """`run_for` of each handle (each once, in order), archived ones read off the event loop."""
+        runs = await self.runs.find(handles)
+        for run in runs:
+            if not who.may_see(run):
+                raise NotYours(run.handle)
+        return runs
 
     async def _check_model(self, model: str) -> None:
         """Refuses a model the dataplane does not serve, so that spawn fails now, not the run later."""
@@ -174,12 +196,12 @@ class Runtime:
         """GET /status: every run (flat, and as a tree with subtree totals), tool servers, tools."""
         tools, _ = self.tool_servers.catalog()
 
-        def node(run: Run) -> dict[str, Any]:
-            return {**summary(run), "children": [node(c) for c in run.children]}
-
+        runs = list(self.runs)
+        totals = every_subtree_total(self.runs.roots())
+        summaries = {r.handle: summary(r, totals.get(r.handle)) for r in runs}
         return {
-            "runs": [summary(run) for run in self.runs],
-            "tree": [node(root) for root in self.runs.roots()],
+            "runs": list(summaries.values()),
+            "tree": status_tree(self.runs.roots(), summaries),
             "toolServers": [
                 {
                     "name": s.name,

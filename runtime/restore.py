@@ -3,7 +3,9 @@
 At start the journal is compacted (journal.py), then replayed: finished runs only answer, and
 unfinished ones get their loop again, from their last journaled step. While the runtime runs,
 every run tree whose runs all finished longer ago than the retention window leaves memory for
-the archive, which answers for them from then on (`from_archive`).
+the archive, which answers for them from then on (`from_archive`): whole, with the runs below
+it (so its children, its budget's use over its subtree and a tripped budget are as they were
+in memory), read off the event loop.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def restore(runs: Runs, retention_s: float | None = None) -> None:
+def restore(runs: Runs, retention_s: float | None = None, archive_retention_s: float | None = None) -> None:
     """Rebuilds runs from the journal; unfinished ones resume from their last journaled step.
     With `retention_s`, the journal is compacted first (journal.py): finished trees older than
-    that go to the archive and are not loaded."""
+    that go to the archive and are not loaded; with `archive_retention_s`, archived trees older
+    than that are trimmed from the archive first."""
     journal = runs.journal
     if retention_s is not None:
-        journal.compact(retention_s)
+        journal.compact(retention_s, archive_retention_s=archive_retention_s)
     resumed = 0
     # Compaction has warned of every record it could not read; the replay says it once more only without it.
     for replayed in journal.replay(warn=retention_s is None):
@@ -52,6 +55,7 @@ def restore(runs: Runs, retention_s: float | None = None) -> None:
             pending_turn=replayed.pending_turn,
             pending_results=list(replayed.pending_results),
             decisions=dict(replayed.decisions),
+            approval_deadlines=dict(replayed.deadlines),
             owner=replayed.owner,
             restored=True,
             traceparent=replayed.traceparent,
@@ -119,11 +123,27 @@ def _archived(run: Run) -> ReplayedRun:
         owner=run.owner,
         counters=dict(run.counters),
         finished={"at": run.finished_at, "status": run.status, "result": run.result, "error": run.error},
+        budget_exceeded=run.budget_exceeded,
     )
 
 
-def from_archive(record: dict[str, Any]) -> Run:
-    """A finished run read back from its archive record (its conversation is not kept)."""
+def from_archive(record: dict[str, Any], below: list[dict[str, Any]] | None = None) -> Run:
+    """A finished run read back from its archive record (its conversation is not kept), with the
+    runs of `below` (the archive records of its descendants, parents first) linked under it."""
+    run = _archived_run(record)
+    held = {run.handle: run}
+    for r in below or []:
+        child = _archived_run(r)
+        parent = held.get(child.spec.parent or "")
+        if parent is None or child.handle in held:
+            continue
+        child.parent = parent
+        parent.children.append(child)
+        held[child.handle] = child
+    return run
+
+
+def _archived_run(record: dict[str, Any]) -> Run:
     try:
         spec = RunSpec.model_validate(record.get("spec") or {})
     except ValueError:
@@ -144,4 +164,9 @@ def from_archive(record: dict[str, Any]) -> Run:
         finished_at=_number(record.get("at")),
         done=ENDED,
     )
+    exceeded = record.get("budgetExceeded")
+    if isinstance(exceeded, str):
+        run.budget_exceeded = exceeded
+    elif "budgetExceeded" not in record:
+        restore_tripped(run)  # an older archive: read from the error, as a restart does
     return run

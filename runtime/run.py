@@ -70,6 +70,8 @@ class Run:
     # Approval decisions by tool_call id (journaled), and the calls waiting for one.
     decisions: dict[str, bool] = field(default_factory=dict)
     approvals: dict[str, Approval] = field(default_factory=dict)
+    # When each call asked (journaled) stops waiting for its approval (Unix time).
+    approval_deadlines: dict[str, float] = field(default_factory=dict)
     # Set when this run's budget tripped: the `budget exceeded: ...` message.
     budget_exceeded: str | None = None
     # Who may see the run once its caller's session is gone (callers.py); None: everyone.

@@ -8,17 +8,23 @@ next start.
 
 Cancelling a run cancels its running descendants, and a budget set on a run caps its whole
 subtree (budgets.py): a spent budget cancels the subtree of the run that set it.
+
+Spawn is bounded: a run tree at most `[runtime] max_depth` runs deep (16 by default), and at most
+`[runtime] max_running_per_caller` runs running at once for one caller (256); past either, spawn
+is refused with a message naming the limit and its key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from luftpause.config import RuntimeSettings
 from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
@@ -53,45 +59,85 @@ class Runs:
     """Every run this runtime knows, live or restored from the journal."""
 
     def __init__(
-        self, journal: Journal, driver: Driver, on_end: EndHook, metrics: RuntimeMetrics | None = None
+        self,
+        journal: Journal,
+        driver: Driver,
+        on_end: EndHook,
+        metrics: RuntimeMetrics | None = None,
+        settings: RuntimeSettings | None = None,
     ) -> None:
         self.journal = journal
+        self.settings = settings or RuntimeSettings()
         self.metrics = metrics or RuntimeMetrics()
         self._driver = driver
         self._on_end = on_end
         self._runs: dict[str, Run] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._timers: dict[str, asyncio.Task[None]] = {}
+        # Runs running now, by caller: what `[runtime] max_running_per_caller` bounds.
+        self._running: collections.Counter[str | None] = collections.Counter()
         self.changes = Changes(self._in_background)
 
     def __iter__(self) -> Iterator[Run]:
         return iter(list(self._runs.values()))
 
     def get(self, handle: str) -> Run:
-        """The run, live or restored; one that left memory for the archive is read from there."""
+        """The run, live or restored; one that left memory for the archive is read from there
+        (blocking: on the event loop, `find` it instead)."""
         run = self._runs.get(handle)
         if run is not None:
             return run
-        archived = self.journal.archived(handle)
-        if archived is None:
+        archived = self._archived([handle])
+        if handle not in archived:
             raise UnknownRun(handle)
-        return from_archive(archived)
+        return archived[handle]
+
+    async def find(self, handles: list[str]) -> list[Run]:
+        """The runs, each once, in the order asked; those that left memory are read from the
+        archive in one go, off the event loop. UnknownRun for the first handle nobody knows."""
+        handles = list(dict.fromkeys(handles))
+        missing = [h for h in handles if h not in self._runs]
+        archived = await asyncio.to_thread(self._archived, missing) if missing else {}
+        found = []
+        for h in handles:
+            run = self._runs.get(h) or archived.get(h)
+            if run is None:
+                raise UnknownRun(h)
+            found.append(run)
+        return found
+
+    def _archived(self, handles: list[str]) -> dict[str, Run]:
+        """Archived runs by handle, each whole: with the runs below it (archive.py, restore.py)."""
+        trees = self.journal.archive_file.trees(handles)
+        return {h: from_archive(tree[0], tree[1:]) for h, tree in trees.items()}
 
     def roots(self) -> list[Run]:
         return [r for r in self._runs.values() if r.parent is None]
 
     # -- spawning -------------------------------------------------------------------------------
 
-    def spawn(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
-        """Journals the run, then starts its loop; returns once the journal has it."""
-        parent = self.get(spec.parent) if spec.parent is not None else None
+    def spawn(
+        self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
+    ) -> Run:
+        """Journals the run, then starts its loop; returns once the journal has it. `parent`: the
+        run `spec.parent` names, when the caller has looked it up already."""
+        if parent is None and spec.parent is not None:
+            parent = self.get(spec.parent)
         if parent is not None:
+            self._check_depth(parent)
             tripped = tripped_above(parent)
             if tripped is not None:
                 raise SpawnRefused(
                     f"run {tripped.handle} is over its budget ({tripped.budget_exceeded}); "
                     "nothing more can be spawned under it"
                 )
+        limit = self.settings.max_running_per_caller
+        if self._running[caller] >= limit:
+            raise SpawnRefused(
+                f"caller {caller!r} has {self._running[caller]} runs running, the most one caller may "
+                f"([runtime] max_running_per_caller = {limit}): await or cancel some of them before "
+                "spawning more, or raise max_running_per_caller in the config"
+            )
         handle = new_handle()
         traceparent = spans.parent_of_new_run(parent)
         self.journal.spawned(handle, spec.model_dump(), caller, owner, traceparent)
@@ -108,11 +154,32 @@ class Runs:
         self.start(run)
         return run
 
-    async def spawn_durably(self, spec: RunSpec, caller: str | None, owner: str | None = None) -> Run:
+    def _check_depth(self, parent: Run) -> None:
+        """SpawnRefused when a child of `parent` would be deeper than `[runtime] max_depth`."""
+        limit = self.settings.max_depth
+        depth, run = 1, parent  # `parent`'s depth, the root counting as one
+        while depth < limit:
+            above = run.parent
+            if above is None and run.spec.parent is not None and run.spec.parent != run.handle:
+                # Not linked in memory (an archived run, or one above it): the archive knows it.
+                record = self.journal.archived(run.spec.parent)
+                above = from_archive(record) if record is not None else None
+            if above is None:
+                return
+            depth, run = depth + 1, above
+        raise SpawnRefused(
+            f"run {parent.handle} is {limit} runs deep (its root counting as one), and a run tree may "
+            f"be at most {limit} deep ([runtime] max_depth = {limit}): spawn this run under a run "
+            "nearer the root, or raise max_depth in the config"
+        )
+
+    async def spawn_durably(
+        self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
+    ) -> Run:
         """`spawn`, acknowledged only once the journal has the run on disk. When it cannot be
         written the run is taken back (its loop stopped, forgotten) and JournalError raised: a run
         the journal does not have must not go on in memory."""
-        run = self.spawn(spec, caller, owner)
+        run = self.spawn(spec, caller, owner, parent)
         try:
             await self.journal.durable()
         except JournalError:
@@ -129,8 +196,15 @@ class Runs:
 
     def forget(self, run: Run) -> None:
         """The run leaves memory (taken back, or moved to the archive), with its budget's timer."""
-        self._runs.pop(run.handle, None)
+        if self._runs.pop(run.handle, None) is not None and run.running:
+            self._ran(run)
         self._stop_timer(run.handle)
+
+    def _ran(self, run: Run) -> None:
+        """One run of its caller's fewer running."""
+        self._running[run.caller] -= 1
+        if self._running[run.caller] <= 0:
+            del self._running[run.caller]
 
     def _stop_timer(self, handle: str) -> None:
         timer = self._timers.pop(handle, None)
@@ -140,6 +214,8 @@ class Runs:
     def add(self, run: Run) -> None:
         """Holds the run (spawned or restored), linked to its parent, with its seconds budget's timer."""
         self._runs[run.handle] = run
+        if run.running:
+            self._running[run.caller] += 1
         if run.spec.parent is not None:
             parent = self._runs.get(run.spec.parent)
             if parent is run:
@@ -232,6 +308,8 @@ class Runs:
             log.error("run %s: its end is not journaled (%s); it resumes on the next start", run.handle, e)
         run.status, run.result, run.error = status, result, error
         run.finished_at = time.time()
+        if run.handle in self._runs:
+            self._ran(run)
         # Its conversation is never read again (await answers with the result; a restart replays
         # only unfinished runs): a finished run kept for the retention window costs little.
         run.messages, run.pending_turn, run.pending_results = [], None, []
@@ -239,6 +317,7 @@ class Runs:
             approval.abandon()
         run.approvals.clear()
         run.decisions.clear()
+        run.approval_deadlines.clear()
         run.done.set()
         run.done = ENDED
         # A seconds budget whose whole subtree has ended has nothing left to cap.
@@ -260,7 +339,7 @@ class Runs:
 
     async def cancel(self, handle: str, reason: str = "cancelled by the client") -> Run:
         """Cancels a running run and its running descendants (each journaled as cancelled)."""
-        run = self.get(handle)
+        (run,) = await self.find([handle])
         ended = self._cancel_subtree(run, reason)
         tasks = [r.task for r in ended if r.task is not None and not r.task.done()]
         await self.journal.durable()
@@ -340,7 +419,16 @@ class Runs:
         With `stop_on_approval`, also returns (not timed out) as soon as one of the runs has a
         pending approval for which it answers True, so the caller can ask the user.
         """
-        runs = [self.get(h) for h in dict.fromkeys(handles)]
+        return await self.wait_on(await self.find(handles), mode, timeout_s, stop_on_approval)
+
+    async def wait_on(
+        self,
+        runs: list[Run],
+        mode: AwaitMode,
+        timeout_s: float,
+        stop_on_approval: Callable[[Run, Approval], bool] | None = None,
+    ) -> tuple[list[Run], bool]:
+        """`wait` on runs already found."""
         timed_out = await self.changes.until(lambda: waited_enough(runs, mode, stop_on_approval), timeout_s)
         return runs, timed_out
 

@@ -17,6 +17,11 @@ writer runs.jsonl uses (journal_writer.py), fsynced before the step is acknowled
 
 A task still open when the runtime stops is failed on restart (its run resumes as usual, and
 await on the run's handle still answers); a torn last line is skipped with a warning.
+
+An ended task is kept for `[runtime] task_retention_s` (an hour by default; tasks/get says so as
+its `ttlMs`), then forgotten: at start, and by the runtime's eviction pass, which then rewrites
+tasks.jsonl with the tasks kept (beside the old file, renamed over it), so neither memory nor
+the file grows with the tasks ever made. tasks/get of a forgotten task is an unknown task.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from pydantic import ConfigDict, ValidationError
 
 from luftpause.runtime.approvals import ApprovalForm, answer_of, decide_approval
 from luftpause.runtime.arguments import readable_arguments_error
-from luftpause.runtime.journal import read_records
+from luftpause.runtime.journal import read_records, replace_durably
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.run import Run, UnknownRun
 from luftpause.runtime.runs import REFUSALS, Runs
@@ -127,8 +132,45 @@ class Tasks:
         record = {"v": 1, "type": record_type, "task": task, "at": round(time.time(), 3), **fields}
         self.writer.append(self.path, record)
 
+    @property
+    def retention_s(self) -> float:
+        return self.runs.settings.task_retention_s
+
+    def trim(self, now: float | None = None) -> int:
+        """Forgets every task that ended more than `retention_s` ago, and rewrites tasks.jsonl
+        without them; returns how many were forgotten."""
+        now = time.time() if now is None else now
+        old = [
+            t
+            for t in self._tasks.values()
+            if t.closed_status is not None and now - t.updated_at > self.retention_s
+        ]
+        if not old:
+            return 0
+        for task in old:
+            del self._tasks[task.task_id]
+        records: list[dict[str, Any]] = []
+        for t in self._tasks.values():
+            records.append(
+                {"v": 1, "type": "created", "task": t.task_id, "run": t.handle, "at": t.created_at}
+            )
+            if t.closed_status is not None:
+                records.append({"v": 1, "type": "closed", "task": t.task_id, "at": t.updated_at,
+                                "status": t.closed_status, "message": t.closed_message})  # fmt: skip
+        # Nothing is appended meanwhile: this runs on the event loop, which does all the appending.
+        self.writer.flush()
+        self.writer.close_file(self.path)
+        try:
+            replace_durably(self.path, records)
+        finally:
+            self.writer.open(self.path)
+        log.info("tasks: %d ended more than %.0f s ago forgotten, %d kept", len(old), self.retention_s,
+                 len(self._tasks))  # fmt: skip
+        return len(old)
+
     def restore(self) -> None:
-        """Reads tasks.jsonl; a task left open by the last process is failed now."""
+        """Reads tasks.jsonl; a task left open by the last process is failed now, and ended ones
+        past the retention window are forgotten."""
         self.writer.flush()
         open_tasks = []
         for record in read_records(self.path):
@@ -154,6 +196,10 @@ class Tasks:
             self._close(task, "failed", message)
         if open_tasks:
             log.info("tasks: %d open tasks failed after the restart", len(open_tasks))
+        try:
+            self.trim()
+        except (OSError, JournalError) as e:
+            log.error("rewriting tasks.jsonl failed (%s); it is tried again at the next pass", e)
 
     def _close(self, task: Task, status: str, message: str | None) -> None:
         if task.closed_status is not None:
@@ -184,17 +230,18 @@ class Tasks:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown task {task_id!r}")
         return task
 
-    def detailed(self, task: Task) -> dict[str, Any]:
-        """The task as tasks/get answers it (a DetailedTask)."""
+    async def detailed(self, task: Task) -> dict[str, Any]:
+        """The task as tasks/get answers it (a DetailedTask); its run read off the event loop
+        when it has left memory."""
         body: dict[str, Any] = {
             "taskId": task.task_id,
             "createdAt": iso(task.created_at),
             "lastUpdatedAt": iso(task.updated_at),
-            "ttlMs": None,
+            "ttlMs": round(self.retention_s * 1000),
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
         try:
-            run = self.runs.get(task.handle)
+            (run,) = await self.runs.find([task.handle])
         except UnknownRun:
             run = None
         if task.closed_status == "cancelled":
@@ -226,9 +273,9 @@ class Tasks:
             }
         return {**body, "status": "working", "statusMessage": f"run {run.handle} is running"}
 
-    def update(self, task: Task, responses: dict[str, Any]) -> None:
+    async def update(self, task: Task, responses: dict[str, Any]) -> None:
         """Applies approval answers from tasks/update; unknown or answered keys are ignored."""
-        run = self.runs.get(task.handle)
+        (run,) = await self.runs.find([task.handle])
         for key, response in responses.items():
             call_id = task_approval_call(key)
             if call_id is None or not isinstance(response, dict):
@@ -315,16 +362,16 @@ class TasksExtension(Extension):
             return refused(str(e))
         body = {
             k: v
-            for k, v in self.tasks.detailed(task).items()
+            for k, v in (await self.tasks.detailed(task)).items()
             if k not in ("result", "error", "inputRequests")
         }
         return {"resultType": "task", **body}
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
-        return {"resultType": "complete", **self.tasks.detailed(self.tasks.get(params.taskId))}
+        return {"resultType": "complete", **(await self.tasks.detailed(self.tasks.get(params.taskId)))}
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> HandlerResult:
-        self.tasks.update(self.tasks.get(params.taskId), params.inputResponses)
+        await self.tasks.update(self.tasks.get(params.taskId), params.inputResponses)
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:

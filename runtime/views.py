@@ -2,7 +2,10 @@
 
 `view` is a run as the tools return it (`RunView`, whose field descriptions the harness model
 reads in the tools' output schemas); `summary` is a run as the runtime's status document lists
-it, with its own work and its subtree's totals.
+it, with its own work and its subtree's totals; `status_tree` is the run tree of GET /status.
+
+Nothing here recurses: a run tree restored from a journal may be deeper than spawn allows now
+(`[runtime] max_depth`), and the operator's view must still render it.
 """
 
 from __future__ import annotations
@@ -74,8 +77,51 @@ def subtree_totals(run: Run) -> dict[str, float]:
     return _rounded(totals)
 
 
-def summary(run: Run) -> dict[str, Any]:
-    """The run as the runtime's GET /status lists it: its own work and its subtree's totals."""
+def every_subtree_total(roots: list[Run]) -> dict[str, dict[str, float]]:
+    """`subtree_totals` of every run under `roots`, by handle, in one pass (children before their
+    parent), rather than one walk of its subtree per run: a chain n deep costs n, not n^2."""
+    order: list[Run] = []
+    stack = list(roots)
+    while stack:
+        run = stack.pop()
+        order.append(run)
+        stack.extend(run.children)
+    totals: dict[str, dict[str, float]] = {}
+    for run in reversed(order):
+        sums = {**new_counters(), **run.counters}
+        for child in run.children:
+            for k, v in totals[child.handle].items():
+                sums[k] += v
+        totals[run.handle] = sums
+    return {h: _rounded(t) for h, t in totals.items()}
+
+
+# How many levels of the run tree GET /status nests in one entry of `tree`; a run deeper than
+# that below its entry's root starts an entry of its own (its `parent` says where it hangs). Each
+# level is two levels of JSON (an object in a list): 64 keeps the document readable by parsers
+# that limit nesting (Python's json stops near 1,000 levels), whatever the tree's depth.
+TREE_NESTING = 64
+
+
+def status_tree(roots: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run tree as GET /status shows it: each root with its children nested inside it, down
+    to TREE_NESTING levels (see above); built with a stack, not by recursion."""
+    entries: list[dict[str, Any]] = []
+    # (the run, the list its node goes into, its level within its entry)
+    stack: list[tuple[Run, list[dict[str, Any]] | None, int]] = [(r, None, 0) for r in reversed(roots)]
+    while stack:
+        run, siblings, level = stack.pop()
+        if siblings is None or level >= TREE_NESTING:
+            siblings, level = entries, 0
+        node = {**summaries[run.handle], "children": []}
+        siblings.append(node)
+        stack.extend((c, node["children"], level + 1) for c in reversed(run.children))
+    return entries
+
+
+def summary(run: Run, subtree: dict[str, float] | None = None) -> dict[str, Any]:
+    """The run as the runtime's GET /status lists it: its own work and its subtree's totals
+    (`subtree`, when they are known already)."""
     pending = run.pending_approval
     budget = budget_view(run)
     own = _rounded(run.counters)
@@ -92,7 +138,7 @@ def summary(run: Run) -> dict[str, Any]:
         "error": run.error,
         **own,
         "own": dict(own),
-        "subtree": subtree_totals(run),
+        "subtree": subtree if subtree is not None else subtree_totals(run),
         "pendingApproval": {"tool": pending.tool, "arguments": pending.arguments} if pending else None,
         "budget": budget.model_dump() if budget else None,
     }

@@ -24,6 +24,7 @@ from luftpause.runtime.restore import evict
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import RunSpec
+from luftpause.runtime.views import view
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -113,5 +114,40 @@ async def test_the_timer_of_a_seconds_budget_stops_once_its_subtree_has_ended(tm
     gates.setdefault("child", asyncio.Event()).set()
     await runs.wait([child.handle], "all", 5)
     await until(lambda: not timers(), timeout_s=5, what="the budget's timer to stop")
+    await runs.shutdown()
+    runs.journal.close()
+
+
+async def test_a_tree_whose_budget_tripped_leaves_memory_and_comes_back_whole(tmp_path):
+    async def spend_a_tool_call(runs: Runs, run: Run) -> None:
+        run.counters["toolCalls"] += 1
+        run.counters["promptTokens"] += 100
+        if runs.check_budgets(run):
+            runs.finish(run, "finished", result="done")
+
+    gate = asyncio.Event()
+
+    async def wait_then_spend(runs: Runs, run: Run) -> None:
+        if run.spec.parent is None:
+            await gate.wait()
+        await spend_a_tool_call(runs, run)
+
+    runs = Runs(Journal(tmp_path), wait_then_spend, _noop)
+    root = runs.spawn(RunSpec(task="root", model="m", budgetTokens=150), "c")
+    children = [runs.spawn(RunSpec(task=f"child {i}", model="m", parent=root.handle), "c") for i in range(2)]
+    await runs.wait([c.handle for c in children], "all", 5)
+    gate.set()
+    await runs.wait([root.handle], "all", 5)
+    assert root.budget_exceeded, "the second child's tokens passed the root's budget"
+    now = max(r.finished_at for r in root.subtree()) + 121
+
+    assert await evict(runs, RuntimeSettings().retention_s, now=now) == 3
+    assert list(runs) == []
+    (back,) = await runs.find([root.handle])
+    assert [c.handle for c in back.children] == [c.handle for c in children]
+    assert back.budget_exceeded == root.budget_exceeded
+    assert (back.status, back.error) == (root.status, root.error)
+    used = {k: v for k, v in view(back).budget.used.items() if k != "seconds"}
+    assert used == {"tokens": 200}, "the budget's use counts the whole subtree (its children's tokens)"
     await runs.shutdown()
     runs.journal.close()
