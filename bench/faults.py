@@ -12,12 +12,18 @@ retry window), how many tool calls the tool server received twice under one idem
 counts (back to zero). JSON and markdown under bench/results/.
 
     luftpause bench faults [--gap-s 20] [--agents 6] [--spawn 6]
+
+The other drills, each a module of its own with its own options after `--drill NAME`:
+
+    luftpause bench faults --drill ports [--idle 10000] [--slowloris 300]    # bench/faults_ports.py
+    luftpause bench faults --drill engines                                   # bench/faults_engines.py
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import signal
@@ -34,6 +40,8 @@ from luftpause.bench import results
 from luftpause.bench.soak import LoadedStack
 from luftpause.fake_mcp.server import CALLS_ENV
 
+# The drills beside the kills: `--drill NAME` runs that module's main with the options that follow.
+DRILLS = {"ports": "luftpause.bench.faults_ports", "engines": "luftpause.bench.faults_engines"}
 VICTIMS = ("scheduler", "dataplane", "runtime", "fake-a", "fake-mcp")
 
 
@@ -188,7 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=6, help="own-loop agents per class")
     p.add_argument("--spawn", type=int, default=6, help="sub-agents per wave over MCP")
     p.add_argument("--no-record", action="store_true")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--drill",
+        choices=("kills", *DRILLS),
+        default="kills",
+        help="kills (this module, default), or another drill given the options that follow",
+    )
+    args, rest = p.parse_known_args(argv)
+    if args.drill != "kills":
+        forwarded = [*rest, *(["--no-record"] if args.no_record else [])]
+        drill_main: Any = importlib.import_module(DRILLS[args.drill]).main
+        return int(drill_main(forwarded))
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     record = run(args.gap_s, args.agents, args.spawn)
     table = _table(record)
     print(table)

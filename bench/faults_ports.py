@@ -20,7 +20,7 @@ opening to that close (p50, max), those left open at the end; and the most descr
 service held. The client raises its own descriptor limit for the idle connections. JSON and
 markdown under bench/results/.
 
-    python -m luftpause.bench.faults_ports [--idle 10000] [--slowloris 300] [--no-record]
+    luftpause bench faults --drill ports [--idle 10000] [--slowloris 300] [--no-record]
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def table(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m luftpause.bench.faults_ports", description=__doc__.split("\n\n")[0]
+        prog="luftpause bench faults --drill ports", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--idle", type=int, default=10_000, help="idle connections per port")
     p.add_argument("--slowloris", type=int, default=300, help="trickling connections per port")
