@@ -48,7 +48,7 @@ from luftpause.scheduler.metrics import ACTION_NAMES, HostCounts, SchedulerColle
 from luftpause.scheduler.prober import run_prober
 from luftpause.scheduler.run_identity import RunIdentity
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
-from luftpause.scheduler.status import HeldHistory, build_app
+from luftpause.scheduler.status import HeldHistory, build_app, runtime_origins
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -670,6 +670,7 @@ async def _main(config: _config.Config) -> None:
                         SchedulerCollector(lambda: host.state, host.clock, host.counts, host.streams_open)
                     ),
                     host.held_history,
+                    runtime_origins(config),
                 ),
                 allowed_hosts(config),
             ),
