@@ -2,7 +2,8 @@
 
 Admissions and turn events go out on one long-lived bidirectional stream, placements come back
 on it. What is ready goes out in one message whenever the stream is free to write (`_write`), so
-nothing waits for a batch to fill and a busy dataplane sends one message for many turns.
+nothing waits for a batch to fill and a busy dataplane sends one message for many turns (several
+when more than `MAX_BATCH_ITEMS` are ready, the most the scheduler takes in one).
 
 Not every event is worth a message of its own. How soon each must reach the scheduler is its
 `Urgency`: a turn that pauses its run on a tool goes at once (the run's next turn may reach
@@ -39,7 +40,7 @@ import grpc.aio
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
 from luftpause.dataplane.runs import PlacedTurn, RunBook
 from luftpause.lifecycle import pauses_run
-from luftpause.proto import DATAPLANE_KEY, pb, rpc
+from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
 
 log = logging.getLogger(__name__)
 
@@ -348,8 +349,9 @@ class SchedulerClient:
                 self._stop_ride_timer()
                 self._running_low = False
                 items, self._outbox = self._outbox, []
-                if items:
-                    await call.write(pb.DataplaneBatch(items=items))
+                # At most MAX_BATCH_ITEMS a message: the scheduler ends a stream that sends more.
+                for start in range(0, len(items), MAX_BATCH_ITEMS):
+                    await call.write(pb.DataplaneBatch(items=items[start : start + MAX_BATCH_ITEMS]))
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
             log.debug("write to the turns stream failed: %r", e)
             call.cancel()

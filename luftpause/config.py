@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # Ports from the description; the fake engines' and fake MCP's are ours, kept stable.
 SCHEDULER_GRPC_PORT = 5000
@@ -44,6 +44,8 @@ GATE_MIN_RUNS = 10
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # The runtime's: an MCP request carries a tool call's arguments, not a model's context.
 RUNTIME_MAX_BODY_BYTES = 4 * 1024 * 1024
+# An origin as a browser names it: scheme, host and an optional port, nothing after.
+_ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?")
 
 
 class ConfigError(Exception):
@@ -146,6 +148,18 @@ class SchedulerSettings(HttpPortSettings):
     grpc_port: int = SCHEDULER_GRPC_PORT
     status_port: int = SCHEDULER_STATUS_PORT
     probe_period_s: float = 2.0
+    # Origins (`http://host:port`) besides the page's own and the runtime's as this config names it
+    # whose GET /status the status page may read when opened as `/?runtime=<url>`, with the token:
+    # any other is refused on the page and never fetched (scheduler/status.py, `runtime_origins`).
+    runtime_origins: list[str] = []
+
+    @field_validator("runtime_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        bad = [o for o in origins if not _ORIGIN.fullmatch(o.rstrip("/"))]
+        if bad:
+            raise ValueError(f"not origins (scheme://host[:port], no path): {bad}")
+        return [o.rstrip("/").lower() for o in origins]
 
 
 class DataplaneSettings(HttpPortSettings):

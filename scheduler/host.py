@@ -39,7 +39,7 @@ from luftpause import http_server, tracing
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
-from luftpause.proto import DATAPLANE_KEY, pb, rpc
+from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.core import decide
@@ -47,7 +47,7 @@ from luftpause.scheduler.metrics import ACTION_NAMES, HostCounts, SchedulerColle
 from luftpause.scheduler.prober import run_prober
 from luftpause.scheduler.run_identity import RunIdentity
 from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
-from luftpause.scheduler.status import HeldHistory, build_app
+from luftpause.scheduler.status import HeldHistory, build_app, runtime_origins
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -449,6 +449,17 @@ def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Re
     )
 
 
+class BatchTooLarge(Exception):
+    """A Turns message carried more items than `MAX_BATCH_ITEMS`: its stream ends with this, unapplied."""
+
+    def __init__(self, items: int, dataplane: str) -> None:
+        self.dataplane = dataplane
+        super().__init__(
+            f"a Turns message carried {items} items; at most {MAX_BATCH_ITEMS} a message "
+            "(MAX_BATCH_ITEMS, luftpause/proto/__init__.py): send them over several messages"
+        )
+
+
 class SchedulerService(rpc.SchedulerServicer):
     """The gRPC face of `SchedulerHost`."""
 
@@ -475,11 +486,19 @@ class SchedulerService(rpc.SchedulerServicer):
             reader.cancel()
             self.host.disconnect(link)
         if not reader.cancelled() and (error := reader.exception()) is not None:
+            if isinstance(error, BatchTooLarge):
+                log.warning(
+                    "turns stream%s ended: %s", f" of {link.dataplane}" if link.dataplane else "", error
+                )
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
             raise error
 
     async def _read(self, request_iterator: AsyncIterable[pb.DataplaneBatch], link: Link) -> None:
         try:
             async for batch in request_iterator:
+                if len(batch.items) > MAX_BATCH_ITEMS:
+                    # Refused whole, before any of it is applied: applying it would stall the loop.
+                    raise BatchTooLarge(len(batch.items), link.dataplane)
                 for item in batch.items:
                     self._apply(item, link)
         finally:
@@ -673,6 +692,7 @@ async def _main(config: _config.Config) -> None:
                         SchedulerCollector(lambda: host.state, host.clock, host.counts, host.streams_open)
                     ),
                     host.held_history,
+                    runtime_origins(config),
                 ),
                 allowed_hosts(config),
             ),

@@ -18,14 +18,22 @@ keep time left), from GET /status/runs/{handle}; above the tables, a chart of he
 the last 3 minutes, which the host samples every second (`HeldHistory`, `held_history` in the
 document). With `LUFTPAUSE_TOKEN` set the documents
 (and /metrics) need the token: the page asks for it when it meets a 401, keeps it in the tab's
-sessionStorage and sends it as an Authorization header, to the runtime too. The server runs on
-the host's event loop, so each answer is a consistent snapshot of one state.
+sessionStorage and sends it as an Authorization header, to the runtime too. Which runtimes the
+page may read is the scheduler's to say, not the link's: the page's own origin and those of
+`runtime_origins` (the runtime as the config names it, and `[scheduler] runtime_origins`), which
+the page is served with (a `<meta>` it reads, and a `Content-Security-Policy` whose
+`connect-src` names only them, so that the browser itself blocks any other); a `?runtime=`
+naming another origin is shown refused, with the config key that allows it, and never fetched,
+so a crafted link cannot make the page hand the token to whoever serves its URL. The server runs
+on the host's event loop, so each answer is a consistent snapshot of one state.
 """
 
 from __future__ import annotations
 
+import html
+import json
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -34,6 +42,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from luftpause import config as _config
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.errors import error_body
@@ -294,6 +303,29 @@ def run_document(state: State, run_id: str, now: float) -> dict[str, Any] | None
     }
 
 
+# The config key that names the runtimes the page may read besides its own origin (the page says it).
+RUNTIME_ORIGINS_KEY = "[scheduler] runtime_origins"
+_LOOPBACK_BINDS = ("", "0.0.0.0", "::", "127.0.0.1", "localhost", "::1")
+
+
+def runtime_origins(config: _config.Config) -> list[str]:
+    """The origins whose GET /status the page may read besides its own: the runtime as `config`
+    names it (by each loopback name when it binds a wildcard or loopback address, as it is then
+    reached from this machine) and `[scheduler] runtime_origins`."""
+    host, port = config.runtime.host, config.runtime.port
+    if host in _LOOPBACK_BINDS:
+        own = [f"http://localhost:{port}", f"http://127.0.0.1:{port}", f"http://[::1]:{port}"]
+    else:
+        own = [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"]
+    return list(dict.fromkeys([*own, *config.scheduler.runtime_origins]))
+
+
+def _page(template: str, origins: Sequence[str]) -> str:
+    """status.html with the origins it may read runtimes from, in the `<meta>` its script reads."""
+    meta = f'<meta name="luftpause-runtime-origins" content="{html.escape(json.dumps(list(origins)))}">'
+    return template.replace("<!-- runtime-origins -->", meta, 1)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(message), status_code=status)
 
@@ -305,18 +337,22 @@ def build_app(
     dataplanes: Callable[[], list[dict[str, Any]]] | None = None,
     metrics: Callable[[], bytes] | None = None,
     history: HeldHistory | None = None,
+    runtime_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The status app; `current` returns the host's state now, `clock` the time on the events'
     clock, `dataplanes` what the host knows of the dataplanes connected to it (`dataplanes` in
     the document: each one's open Turns streams, its resyncs and what the last one carried),
     `metrics` the Prometheus exposition text served at /metrics (metrics.py), `history` the held
-    turns sampled over the last minutes (`held_history` in the document, for the page's chart).
+    turns sampled over the last minutes (`held_history` in the document, for the page's chart),
+    `runtime_origins` those the page may read a runtime from besides its own (`runtime_origins()`).
 
     With `token`, the documents and /metrics need it as a bearer (401 otherwise); the page itself
     holds no data and stays open, and asks for the token when it meets a 401.
     """
     app = FastAPI(title="luftpause scheduler status", docs_url=None, redoc_url=None, openapi_url=None)
-    page = resources.files("luftpause.scheduler").joinpath("status.html").read_text()
+    page = _page(resources.files("luftpause.scheduler").joinpath("status.html").read_text(), runtime_origins)
+    # The browser connects nowhere else from the page, whatever its script is told.
+    policy = {"content-security-policy": " ".join(["connect-src 'self'", *runtime_origins])}
     secret = token.encode() if token else None
 
     def authorized(request: Request) -> None:
@@ -361,6 +397,6 @@ def build_app(
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=policy)
 
     return app

@@ -208,13 +208,27 @@ def _screenshot(url: str, path: Path, profile: Path) -> None:
     assert out.returncode == 0 and path.exists(), out.stderr[-2000:]
 
 
+def _allowing(text: str, *origins: str) -> str:
+    """A config's text whose [scheduler] lets the page read runtimes on these origins."""
+    return text.replace("[scheduler]\n", f"[scheduler]\nruntime_origins = {json.dumps(list(origins))}\n", 1)
+
+
 @pytest.fixture(scope="module")
-def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ports, Path]]:
+def nobody() -> str:
+    """A runtime URL nobody answers at (its origin allowed to the page)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def scheduler(
+    tmp_path_factory: pytest.TempPathFactory, runtime: _RuntimeStandIn, nobody: str
+) -> Iterator[tuple[Ports, Path]]:
     tmp = tmp_path_factory.mktemp("status-page")
     # Two replicas nobody answers for: the first probe finds them unhealthy, so a turn is held.
     ports = Ports(engines=[free_port(), free_port()])
     path = write_config(tmp, ports)
-    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1))
+    text = path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
+    path.write_text(_allowing(text, runtime.url, nobody))
     service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log").start()
     with running(service):
         service.wait_http(f"http://127.0.0.1:{ports.status}/status")
@@ -343,9 +357,10 @@ def test_a_runtime_without_a_tree_gets_its_subtree_summed_from_the_flat_list(
     assert rows[1][6:9] == ["2", "1", "400 / 50"]
 
 
-def test_a_runtime_that_cannot_be_read_is_named_and_the_scheduler_still_shows(scheduler, tmp_path: Path):
+def test_a_runtime_that_cannot_be_read_is_named_and_the_scheduler_still_shows(
+    scheduler, nobody: str, tmp_path: Path
+):
     ports, _ = scheduler
-    nobody = f"http://127.0.0.1:{free_port()}"
     page = _render(f"http://127.0.0.1:{ports.status}/?runtime={nobody}", tmp_path / "profile")
     assert page.texts["runtime-error"].startswith(f"runtime at {nobody} not readable")
     assert {r[0] for r in page.bodies["replicas"]} == {"fake-a", "fake-b"}
@@ -359,7 +374,8 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
     engine = EngineStandIn()
     ports = Ports(engines=[engine.port, free_port()])
     path = write_config(tmp_path, ports)
-    text = path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
+    text = _allowing(path.read_text(), runtime.url)
+    text = text.replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
     # Only fake-a's pool is configured.
     path.write_text(
         text.replace(
