@@ -74,6 +74,10 @@ ENGINE_CONNECT_TIMEOUT_S = 2.0
 # Of a turn without a run header, at most this many echoed tool_call_ids (the newest) go to the
 # scheduler: its run is named by its latest reply's, which come first.
 MAX_ECHOED_IDS = 16
+# The most of a failed turn's error text the scheduler is told.
+MAX_ERROR_CHARS = 1000
+# How often a warning that a replica may cause on every turn is logged, at most (per replica).
+WARN_EVERY_S = 60.0
 # Engine response headers the client gets along with the engine's status and body.
 _PASSED_HEADERS = ("content-type", "cache-control", "retry-after")
 _UNFINISHED = "ASGI callable returned without completing response"
@@ -173,6 +177,7 @@ class Proxy:
             idle_timeout_s=settings.engine_idle_timeout_s or None,
         )
         self._pruner: asyncio.Task[None] | None = None
+        self._now_and_then = NowAndThen(WARN_EVERY_S)
 
     async def open(self) -> None:
         await self.scheduler.start()
@@ -526,28 +531,36 @@ class Proxy:
 
     def failed(self, turn: ProxiedTurn, error: str) -> None:
         if self._end(turn, "failed"):
+            # The error may quote the engine: any text, any length; the report carries it readable and bounded.
+            error = error[:MAX_ERROR_CHARS].encode("utf-8", "replace").decode("utf-8")
             if turn.span is not None:
                 turn.span.set_status(StatusCode.ERROR, error)
             self.scheduler.failed(turn.id, turn.scheduler_run_id, error)
 
     def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
         """A reply that came back whole: completed (its first token first, if not told yet), or
-        failed when the engine said it failed."""
+        failed when the engine said it failed.
+
+        A usage out of range (`luftpause.counts`) is reported as none (the scheduler then sizes
+        the run as before its usage was known) and logged once a minute per replica. A report
+        that cannot be made for any other reason (something in the reply no message can carry)
+        ends the turn failed instead, so that its slot is freed now and not at the turn timeout.
+        """
         if observation.error:
             self.metrics.engine_error("reply_error", turn.replica)
             self.failed(turn, f"engine {turn.replica}: {observation.error}")
             return
-        if observation.first_token:
-            self.first_token(turn)
-        if self._end(turn, "completed"):
-            if turn.span is not None:
-                turn.span.set_attributes(
-                    {
-                        "gen_ai.response.finish_reasons": [observation.finish_reason],
-                        "gen_ai.usage.input_tokens": observation.prompt_tokens,
-                        "gen_ai.usage.output_tokens": observation.completion_tokens,
-                    }
-                )
+        if observation.bad_usage and self._now_and_then.due(("usage", turn.replica)):
+            log.warning(
+                "engine %s sent a usage out of range (%s); counted as no usage (logged once a minute per replica)",
+                turn.replica,
+                observation.bad_usage,
+            )
+        if turn.ended:
+            return
+        try:
+            if observation.first_token:
+                self.first_token(turn)
             self.scheduler.completed(
                 turn.id,
                 turn.scheduler_run_id,
@@ -555,6 +568,27 @@ class Proxy:
                 observation.prompt_tokens,
                 observation.completion_tokens,
                 observation.tool_call_ids,
+            )
+        except Exception as error:
+            if self._now_and_then.due(("report", turn.replica)):
+                log.warning(
+                    "turn %s on %s: its completion could not be reported (%r); reported failed instead "
+                    "(logged once a minute per replica)",
+                    turn.id,
+                    turn.replica,
+                    error,
+                )
+            self.failed(
+                turn, f"engine {turn.replica}: its reply could not be reported: {type(error).__name__}"
+            )
+            return
+        if self._end(turn, "completed") and turn.span is not None:
+            turn.span.set_attributes(
+                {
+                    "gen_ai.response.finish_reasons": [observation.finish_reason],
+                    "gen_ai.usage.input_tokens": observation.prompt_tokens,
+                    "gen_ai.usage.output_tokens": observation.completion_tokens,
+                }
             )
 
     def _end(self, turn: ProxiedTurn, outcome: str) -> bool:
@@ -609,6 +643,22 @@ class Proxy:
         while True:
             await asyncio.sleep(PRUNE_PERIOD_S)
             self.runs.prune()
+
+
+class NowAndThen:
+    """Says when a warning of some kind is due again: the first time, then once per period."""
+
+    def __init__(self, period_s: float) -> None:
+        self._period_s = period_s
+        self._last: dict[tuple[str, str], float] = {}
+
+    def due(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._period_s:
+            return False
+        self._last[key] = now
+        return True
 
 
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]

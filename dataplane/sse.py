@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from luftpause import counts
 from luftpause.dataplane.body import encoded
 
 _DATA = b"data:"
@@ -76,6 +77,9 @@ class ReplyObservation:
     error: str = ""
     # The stream's closing `data: [DONE]` arrived.
     done: bool = False
+    # A usage the engine sent with a count out of range (`luftpause.counts`), as it was sent;
+    # the turn's usage is then unknown (both counts 0, as for a reply that carries none).
+    bad_usage: str = ""
 
     @property
     def ran_to_its_end(self) -> bool:
@@ -103,12 +107,22 @@ class ReplyObservation:
             self.finish_reason = reason
 
     def _note_usage(self, usage: Any) -> None:
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int):
-                self.prompt_tokens = prompt
-            if isinstance(completion, int):
-                self.completion_tokens = completion
+        if not isinstance(usage, dict) or self.bad_usage:
+            return
+        sent = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt, completion = (counts.token_count(value) for value in sent)
+        if any(
+            value is not None and count is None
+            for value, count in zip(sent, (prompt, completion), strict=True)
+        ):
+            # One count out of range and the other cannot be trusted either: usage unknown.
+            self.bad_usage = f"prompt_tokens {sent[0]!r}, completion_tokens {sent[1]!r}"[:200]
+            self.prompt_tokens = self.completion_tokens = 0
+            return
+        if prompt is not None:
+            self.prompt_tokens = prompt
+        if completion is not None:
+            self.completion_tokens = completion
 
     def _note_error(self, error: Any) -> None:
         if error:

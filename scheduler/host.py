@@ -36,7 +36,7 @@ import uvicorn
 from opentelemetry.trace import StatusCode
 
 from luftpause import config as _config
-from luftpause import tracing
+from luftpause import counts, tracing
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
@@ -382,12 +382,13 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
             return ev.FirstToken(message.turn_id, message.run_id, at)
         case "completed":
             c = message.completed
+            # A count out of range is unknown, as one never sent (0 on the wire): luftpause/counts.py.
             return ev.TurnCompleted(
                 message.turn_id,
                 message.run_id,
                 c.finish_reason,
-                c.prompt_tokens,
-                c.completion_tokens,
+                counts.token_count(c.prompt_tokens) or 0,
+                counts.token_count(c.completion_tokens) or 0,
                 tuple(c.tool_call_ids),
                 at,
             )
@@ -418,7 +419,7 @@ def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
     if isinstance(message, pb.AdmitRequest):
         # 0 on the wire is "not sent" (an older dataplane, or a body without max_tokens).
         fields["request_bytes"] = max(0, message.request_bytes)
-        fields["max_tokens"] = message.max_tokens if message.max_tokens > 0 else None
+        fields["max_tokens"] = counts.token_count(message.max_tokens) or None
     return fields
 
 
@@ -440,7 +441,8 @@ def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Re
                 phase=_PHASES.get(r.phase, Phase.IDLE),
                 service_class=_CLASSES.get(r.service_class, ServiceClass.INTERACTIVE),
                 caller=r.caller,
-                idle_s=r.idle_s,
+                # Not a finite time (NaN, inf, negative): unknown, taken as active just now.
+                idle_s=counts.duration_s(r.idle_s) or 0.0,
             )
             for r in request.runs
         ),
