@@ -201,6 +201,8 @@ class SchedulerHost:
             self._log_health_change(before, event)
             if not event.healthy:
                 self.counts.probe_failures[event.name] += 1
+        elif isinstance(event, (ev.TurnFailed, ev.Tick)):
+            self._log_ejections(before)
         decisions = self.counts.decisions
         for action in actions:
             decisions[ACTION_NAMES[type(action)]] += 1
@@ -240,6 +242,26 @@ class SchedulerHost:
                         owner.reserve(action)
                     else:
                         owner.revoke(action)
+
+    def _log_ejections(self, before: State) -> None:
+        """A replica taken out of rotation for failing turns, or back in (scheduler/outliers.py)."""
+        for name, replica in self.state.replicas.items():
+            old = before.replicas.get(name)
+            if old is None or old.outlier.ejected_until == replica.outlier.ejected_until:
+                continue
+            record = replica.outlier
+            if record.ejected_until is not None:
+                log.warning(
+                    "replica %s ejected for %.0f s: its turns kept failing (%d in a row, %d of %d lately; ejection %d)",
+                    name,
+                    record.ejected_until - self.state.now,
+                    record.consecutive,
+                    record.failures,
+                    record.turns,
+                    record.ejections,
+                )
+            else:
+                log.info("replica %s is back from its ejection", name)
 
     def _log_health_change(self, before: State, probe: ev.ReplicaProbed) -> None:
         old = before.replicas.get(probe.name)
@@ -393,7 +415,8 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
                 at,
             )
         case "failed":
-            return ev.TurnFailed(message.turn_id, message.run_id, message.failed.error, at)
+            failed = message.failed
+            return ev.TurnFailed(message.turn_id, message.run_id, failed.error, at, failed.replica_fault)
         case "abandoned":
             return ev.TurnAbandoned(message.turn_id, message.run_id, at)
         case "run_ended":
