@@ -52,6 +52,17 @@ class ReplicaUnreachable(TurnRefused):
         super().__init__(f"engine {replica}: {describe(error)}")
 
 
+class ReplicaUnreadable(TurnRefused):
+    """The placed turn's engine answered 200 with what is not a reply: a body that is not JSON, a
+    stream that is not server-sent events of JSON, or one that ended before its reply did; the 502
+    the client gets (or, once a stream has begun, the error event it ends with)."""
+
+    status_code = 502
+
+    def __init__(self, replica: str, reason: str) -> None:
+        super().__init__(f"engine {replica}: {reason}")
+
+
 class ReplicaTooSlow(ReplicaUnreachable):
     """The placed turn's engine took the request and sent nothing back within the first-byte
     timeout (`[dataplane] engine_first_byte_timeout_s`): hung, or stopped."""

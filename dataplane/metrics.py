@@ -28,9 +28,10 @@ CLASSES = ("interactive", "batch")
 UNKNOWN_CLASS = "unknown"
 # The `kind` label of engine errors: the engine answered 4xx or 5xx; could not be reached (or
 # broke off before its reply began); did not begin its reply within the first-byte timeout;
-# broke off mid-stream or ended a stream before the reply finished; or sent a whole reply that
-# says it failed.
-ENGINE_ERRORS = ("http_4xx", "http_5xx", "unreachable", "timeout", "broke_off", "reply_error")
+# broke off mid-stream or ended a stream before the reply finished; sent a whole reply that
+# says it failed; or answered 200 with what is not a reply (a body that is not JSON, a stream that
+# is not server-sent events of JSON).
+ENGINE_ERRORS = ("http_4xx", "http_5xx", "unreachable", "timeout", "broke_off", "reply_error", "unreadable")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # 1-2.5-5 steps from 10 ms to 60 s, where both times are worth telling apart. Admission also
@@ -103,7 +104,7 @@ class DataplaneMetrics:
         errors = Counter(
             "luftpause_dataplane_engine_errors",
             "Engine requests that went wrong, by kind (http_4xx, http_5xx, unreachable, timeout, "
-            "broke_off, reply_error) and replica.",
+            "broke_off, reply_error, unreadable: a 200 that is not a reply) and replica.",
             ["kind", "replica"],
             registry=self.registry,
         )

@@ -56,6 +56,7 @@ from luftpause.dataplane.errors import (
     DataplaneStopping,
     ReplicaTooSlow,
     ReplicaUnreachable,
+    ReplicaUnreadable,
     TurnRefused,
     refusal_response,
 )
@@ -63,7 +64,8 @@ from luftpause.dataplane.metrics import UNKNOWN_CLASS, DataplaneMetrics
 from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
 from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
-from luftpause.dataplane.sse import ReplyObservation, StreamObserver, observe_completion
+from luftpause.dataplane.sse import NotAnEventStream, ReplyObservation, StreamObserver, observe_completion
+from luftpause.errors import error_json
 from luftpause.proto import pb
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,10 @@ ENGINE_CONNECT_TIMEOUT_S = 2.0
 # Of a turn without a run header, at most this many echoed tool_call_ids (the newest) go to the
 # scheduler: its run is named by its latest reply's, which come first.
 MAX_ECHOED_IDS = 16
+# The most of a failed turn's error text the scheduler is told.
+MAX_ERROR_CHARS = 1000
+# How often a warning that a replica may cause on every turn is logged, at most (per replica).
+WARN_EVERY_S = 60.0
 # Engine response headers the client gets along with the engine's status and body.
 _PASSED_HEADERS = ("content-type", "cache-control", "retry-after")
 _UNFINISHED = "ASGI callable returned without completing response"
@@ -173,6 +179,7 @@ class Proxy:
             idle_timeout_s=settings.engine_idle_timeout_s or None,
         )
         self._pruner: asyncio.Task[None] | None = None
+        self._now_and_then = NowAndThen(WARN_EVERY_S)
 
     async def open(self) -> None:
         await self.scheduler.start()
@@ -380,8 +387,12 @@ class Proxy:
             else:
                 content = await self.read_whole(turn, upstream, answer, client_left)
                 if content is not None:
-                    self.ended(turn, observe_completion(content))
-                    await answer.respond(content, upstream)
+                    observation = observe_completion(content)
+                    self.ended(turn, observation)
+                    if observation.unreadable:
+                        await answer.refuse(ReplicaUnreadable(turn.replica, observation.unreadable))
+                    else:
+                        await answer.respond(content, upstream)
         finally:
             await upstream.aclose()
 
@@ -444,8 +455,13 @@ class Proxy:
         content = await self.read_whole(turn, upstream, answer, client_left)
         if content is None:
             return
-        self.metrics.engine_error("http_5xx" if upstream.status_code >= 500 else "http_4xx", turn.replica)
-        self.failed(turn, f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}")
+        server_error = upstream.status_code >= 500
+        self.metrics.engine_error("http_5xx" if server_error else "http_4xx", turn.replica)
+        self.failed(
+            turn,
+            f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}",
+            replica_fault=server_error,
+        )
         await answer.respond(content, upstream)
 
     async def _relay_stream(
@@ -456,7 +472,16 @@ class Proxy:
         client_left: asyncio.Future[None],
         hide_usage: bool,
     ) -> None:
-        """Passes a stream on as it comes; with `hide_usage`, as the observer says (`sse`)."""
+        """Passes a stream on as it comes; with `hide_usage`, as the observer says (`sse`).
+
+        The client's response begins with the first bytes worth passing on, not with the
+        engine's headers: an engine that breaks off (or garbles its stream) before any is a 502
+        naming the replica, as one that cannot be reached is. Once the response has begun, a
+        stream that breaks off is cut off (the connection closes without the final chunk, which
+        is how the client learns the reply is lost), and one that turns out not to be server-sent
+        events of JSON (`sse.NotAnEventStream`) gets an error event naming the replica before it
+        is cut off; what was not valid is not passed on.
+        """
         observer = StreamObserver(hide_usage)
         send_chunk = answer.send_chunk
 
@@ -468,29 +493,57 @@ class Proxy:
                     chunk = observer.take()
                     if not chunk:
                         continue
+                if not answer.started:
+                    await answer.start(upstream)
                 await send_chunk(chunk)
 
-        await answer.start(upstream)
         try:
             await _unless_client_leaves(pump(), client_left)
+            observation = observer.close()
         except ClientLeft:
             # Closing the engine request (on the way out of _chat) stops its generation.
             self.failed(turn, "the client left mid-stream")
             return
+        except NotAnEventStream as error:
+            log.warning(
+                "engine %s sent turn %s a stream that is not server-sent events: %s",
+                turn.replica,
+                turn.id,
+                error,
+            )
+            self.metrics.engine_error("unreadable", turn.replica)
+            refusal = ReplicaUnreadable(
+                turn.replica, f"its stream is not server-sent events of JSON: {error}"
+            )
+            self.failed(turn, refusal.message, replica_fault=True)
+            if not answer.started:
+                await answer.refuse(refusal)
+                return
+            await send_chunk(b"data: " + error_json(refusal.message) + b"\n\n")
+            _cut_off_on_purpose.set(True)
+            return
         except Exception as error:
             log.warning("engine %s broke off turn %s mid-stream: %r", turn.replica, turn.id, error)
             self.metrics.engine_error("broke_off", turn.replica)
-            self.failed(turn, f"engine {turn.replica}: stream broke off: {error!r}")
+            self.failed(turn, f"engine {turn.replica}: stream broke off: {error!r}", replica_fault=True)
+            if not answer.started:
+                await answer.refuse(ReplicaUnreachable(turn.replica, error))
+                return
             # The response is left unfinished: the connection closes without the final chunk,
             # which is how the client learns the reply is lost.
             _cut_off_on_purpose.set(True)
             return
-        observation = observer.close()
         if not observation.ran_to_its_end:
             self.metrics.engine_error("broke_off", turn.replica)
-            self.failed(turn, f"engine {turn.replica}: stream ended before the reply finished")
+            refusal = ReplicaUnreadable(turn.replica, "stream ended before the reply finished")
+            self.failed(turn, refusal.message, replica_fault=True)
+            if not answer.started:
+                await answer.refuse(refusal)
+                return
             _cut_off_on_purpose.set(True)
             return
+        if not answer.started:
+            await answer.start(upstream)
         if hide_usage and (tail := observer.take()):
             # The last line, had it no line break.
             await send_chunk(tail)
@@ -503,7 +556,7 @@ class Proxy:
         timed_out = isinstance(error, EngineTimedOut)
         self.metrics.engine_error("timeout" if timed_out else "unreachable", turn.replica)
         refusal = (ReplicaTooSlow if timed_out else ReplicaUnreachable)(turn.replica, error)
-        self.failed(turn, refusal.message)
+        self.failed(turn, refusal.message, replica_fault=True)
         await answer.refuse(refusal)
 
     # -- reporting: what happened to a turn, told to the scheduler and counted in the metrics --
@@ -524,30 +577,45 @@ class Proxy:
             turn.span.set_attribute("luftpause.time_to_first_token_ms", to_first_s * 1000.0)
         self.scheduler.first_token(turn.id, turn.scheduler_run_id)
 
-    def failed(self, turn: ProxiedTurn, error: str) -> None:
+    def failed(self, turn: ProxiedTurn, error: str, replica_fault: bool = False) -> None:
+        """The turn ended in `error`; `replica_fault`: the replica's doing (it could not be reached,
+        broke off, sent what is not a reply, or answered 5xx), which counts toward ejecting it
+        (scheduler/outliers.py), unlike a client that left or a request the engine refused."""
         if self._end(turn, "failed"):
+            # The error may quote the engine: any text, any length; the report carries it readable and bounded.
+            error = error[:MAX_ERROR_CHARS].encode("utf-8", "replace").decode("utf-8")
             if turn.span is not None:
                 turn.span.set_status(StatusCode.ERROR, error)
-            self.scheduler.failed(turn.id, turn.scheduler_run_id, error)
+            self.scheduler.failed(turn.id, turn.scheduler_run_id, error, replica_fault)
 
     def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
         """A reply that came back whole: completed (its first token first, if not told yet), or
-        failed when the engine said it failed."""
+        failed when the engine said it failed.
+
+        A usage out of range (`luftpause.counts`) is reported as none (the scheduler then sizes
+        the run as before its usage was known) and logged once a minute per replica. A report
+        that cannot be made for any other reason (something in the reply no message can carry)
+        ends the turn failed instead, so that its slot is freed now and not at the turn timeout.
+        """
         if observation.error:
             self.metrics.engine_error("reply_error", turn.replica)
             self.failed(turn, f"engine {turn.replica}: {observation.error}")
             return
-        if observation.first_token:
-            self.first_token(turn)
-        if self._end(turn, "completed"):
-            if turn.span is not None:
-                turn.span.set_attributes(
-                    {
-                        "gen_ai.response.finish_reasons": [observation.finish_reason],
-                        "gen_ai.usage.input_tokens": observation.prompt_tokens,
-                        "gen_ai.usage.output_tokens": observation.completion_tokens,
-                    }
-                )
+        if observation.unreadable:
+            self.metrics.engine_error("unreadable", turn.replica)
+            self.failed(turn, f"engine {turn.replica}: {observation.unreadable}", replica_fault=True)
+            return
+        if observation.bad_usage and self._now_and_then.due(("usage", turn.replica)):
+            log.warning(
+                "engine %s sent a usage out of range (%s); counted as no usage (logged once a minute per replica)",
+                turn.replica,
+                observation.bad_usage,
+            )
+        if turn.ended:
+            return
+        try:
+            if observation.first_token:
+                self.first_token(turn)
             self.scheduler.completed(
                 turn.id,
                 turn.scheduler_run_id,
@@ -555,6 +623,27 @@ class Proxy:
                 observation.prompt_tokens,
                 observation.completion_tokens,
                 observation.tool_call_ids,
+            )
+        except Exception as error:
+            if self._now_and_then.due(("report", turn.replica)):
+                log.warning(
+                    "turn %s on %s: its completion could not be reported (%r); reported failed instead "
+                    "(logged once a minute per replica)",
+                    turn.id,
+                    turn.replica,
+                    error,
+                )
+            self.failed(
+                turn, f"engine {turn.replica}: its reply could not be reported: {type(error).__name__}"
+            )
+            return
+        if self._end(turn, "completed") and turn.span is not None:
+            turn.span.set_attributes(
+                {
+                    "gen_ai.response.finish_reasons": [observation.finish_reason],
+                    "gen_ai.usage.input_tokens": observation.prompt_tokens,
+                    "gen_ai.usage.output_tokens": observation.completion_tokens,
+                }
             )
 
     def _end(self, turn: ProxiedTurn, outcome: str) -> bool:
@@ -609,6 +698,22 @@ class Proxy:
         while True:
             await asyncio.sleep(PRUNE_PERIOD_S)
             self.runs.prune()
+
+
+class NowAndThen:
+    """Says when a warning of some kind is due again: the first time, then once per period."""
+
+    def __init__(self, period_s: float) -> None:
+        self._period_s = period_s
+        self._last: dict[tuple[str, str], float] = {}
+
+    def due(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._period_s:
+            return False
+        self._last[key] = now
+        return True
 
 
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]

@@ -296,11 +296,10 @@ class SchedulerClient:
         urgency = Urgency.NOW if pauses_run(finish_reason, tool_call_ids) else Urgency.WHILE_HELD
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed), urgency)
 
-    def failed(self, turn_id: str, run_id: str, error: str) -> None:
+    def failed(self, turn_id: str, run_id: str, error: str, replica_fault: bool = False) -> None:
         # Rare, and what a client retries on: the scheduler has it before the retry comes.
-        self.report(
-            pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(error=error)), Urgency.NOW
-        )
+        failed = pb.TurnFailed(error=error, replica_fault=replica_fault)
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=failed), Urgency.NOW)
 
     def run_ended(self, run_id: str) -> None:
         self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))

@@ -6,8 +6,19 @@ to learn what the scheduler needs to know about the turn. Most events of a strea
 token and say nothing new once the first token is known, so after it a byte scan decides which
 events are worth decoding: those with a finish reason or usage that is not null, tool calls, an
 error, or `[DONE]`; a chunk made only of other events is not even split into lines.
-`observe_completion` reads a reply that was not streamed. Neither raises on a payload it does
-not understand: a reply we cannot read is still the client's.
+`observe_completion` reads a reply that was not streamed.
+
+What they do not understand in a reply that is otherwise a reply (an unknown key, a choice of
+an odd shape, a usage out of range) they pass over: that reply is still the client's. What is
+not a reply at all is the engine failing (issue 29: a replica that streamed garbage had it
+relayed and counted completed): a non-streamed body that is not a JSON object
+(`ReplyObservation.unreadable`), and a stream with a line that is not a server-sent-event line
+(a `data:`, `event:`, `id:` or `retry:` field, a `:` comment, or blank), an event whose data is
+not JSON (or `[DONE]`), or a line longer than MAX_LINE_BYTES: `feed` and `close` raise
+`NotAnEventStream` at the first such line, before the chunk that holds it is passed on. The
+check costs the token-only chunks nothing they did not cost already, but for one: such a chunk
+must begin with `data:` to be passed unsplit; a garbled event amid whole token events in one
+chunk is not looked for.
 
 For a turn whose usage the dataplane asked of the engine and the client did not (`usage`), the
 observer also says what of the stream goes on to the client (`hide_usage`, then `take`): all of
@@ -27,6 +38,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from luftpause import counts
 from luftpause.dataplane.body import encoded
 
 _DATA = b"data:"
@@ -39,6 +51,14 @@ _TOKEN_FIELDS = ("content", "tool_calls", "reasoning_content", "reasoning")
 _ALWAYS_READ = (b"[DONE]", b'"tool_calls"', b'"error"')
 _READ_UNLESS_NULL = (b'"finish_reason"', b'"usage"')
 _JSON_SPACE = b" \t\r\n"
+# The fields a server-sent event may carry (a line may also be blank, or a ":" comment).
+_FIELDS = (b"data", b"event", b"id", b"retry")
+# The longest line (or event's data) of a stream; no engine's event comes near.
+MAX_LINE_BYTES = 8 * 1024 * 1024
+
+
+class NotAnEventStream(ValueError):
+    """A streamed reply that is not a stream of server-sent events of JSON: the message says where."""
 
 
 def says_something(data: bytes) -> bool:
@@ -76,6 +96,11 @@ class ReplyObservation:
     error: str = ""
     # The stream's closing `data: [DONE]` arrived.
     done: bool = False
+    # A usage the engine sent with a count out of range (`luftpause.counts`), as it was sent;
+    # the turn's usage is then unknown (both counts 0, as for a reply that carries none).
+    bad_usage: str = ""
+    # Why the reply is not one (a body that is not a JSON object); "" for a reply.
+    unreadable: str = ""
 
     @property
     def ran_to_its_end(self) -> bool:
@@ -103,12 +128,22 @@ class ReplyObservation:
             self.finish_reason = reason
 
     def _note_usage(self, usage: Any) -> None:
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int):
-                self.prompt_tokens = prompt
-            if isinstance(completion, int):
-                self.completion_tokens = completion
+        if not isinstance(usage, dict) or self.bad_usage:
+            return
+        sent = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt, completion = (counts.token_count(value) for value in sent)
+        if any(
+            value is not None and count is None
+            for value, count in zip(sent, (prompt, completion), strict=True)
+        ):
+            # One count out of range and the other cannot be trusted either: usage unknown.
+            self.bad_usage = f"prompt_tokens {sent[0]!r}, completion_tokens {sent[1]!r}"[:200]
+            self.prompt_tokens = self.completion_tokens = 0
+            return
+        if prompt is not None:
+            self.prompt_tokens = prompt
+        if completion is not None:
+            self.completion_tokens = completion
 
     def _note_error(self, error: Any) -> None:
         if error:
@@ -151,6 +186,7 @@ class StreamObserver:
         had_token = self.observation.first_token
         if (
             had_token
+            and chunk.startswith(_DATA)
             and not self._pending
             and not self._data
             and not self._drop_blank
@@ -168,6 +204,8 @@ class StreamObserver:
             # An unfinished line, or one ending in "\r" whose "\n" may open the next chunk:
             # keep it until the rest arrives.
             self._pending = lines.pop()
+            if len(self._pending) > MAX_LINE_BYTES:
+                raise NotAnEventStream(f"a line longer than {MAX_LINE_BYTES} bytes")
         for line in lines:
             bare = line.rstrip(b"\r\n")
             self._line(bare)
@@ -192,7 +230,9 @@ class StreamObserver:
             self._line(bare)
             if self._hide:
                 self._pass_on(line, bare)
-        self._line(b"")
+        # An event the stream stopped inside of was cut short, not garbled: whether the reply
+        # ran to its end says what became of it.
+        self._line(b"", cut_short=True)
         return self.observation
 
     def _pass_on(self, line: bytes, bare: bytes) -> None:
@@ -209,11 +249,12 @@ class StreamObserver:
         else:
             self._drop_blank = True
 
-    def _line(self, line: bytes) -> None:
+    def _line(self, line: bytes, cut_short: bool = False) -> None:
         if not line:
             if self._data:
-                self._take(b"\n".join(self._data))
-                self._data = []
+                data, self._data = b"\n".join(self._data), []
+                if not self._take(data) and not cut_short:
+                    raise NotAnEventStream(f"an event whose data is not JSON: {data[:60]!r}")
         elif line.startswith(_DATA):
             value = line[len(_DATA) :]
             value = value[1:] if value.startswith(b" ") else value
@@ -222,10 +263,14 @@ class StreamObserver:
             # send one. Only a line that does not parse alone waits for the rest of its event.
             if self._data:
                 self._data.append(value)
-            elif self.observation.first_token and not says_something(value):
+                if sum(map(len, self._data)) > MAX_LINE_BYTES:
+                    raise NotAnEventStream(f"an event longer than {MAX_LINE_BYTES} bytes")
+            elif self.observation.first_token and value.startswith(b"{") and not says_something(value):
                 return
             elif not self._take(value, one_line=True):
                 self._data.append(value)
+        elif not line.startswith(b":") and line.partition(b":")[0] not in _FIELDS:
+            raise NotAnEventStream(f"a line that is not a server-sent event's: {line[:60]!r}")
         # Comments (":"), event names, ids and retry fields say nothing about the turn.
 
     def _take(self, data: bytes, one_line: bool = False) -> bool:
@@ -257,6 +302,9 @@ def observe_completion(body: bytes) -> ReplyObservation:
     try:
         payload = json.loads(body)
     except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        observation.unreadable = f"its reply is not a JSON object: {body[:60]!r}"
         return observation
     observation.note_payload(payload, "message")
     return observation

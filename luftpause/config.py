@@ -40,6 +40,9 @@ LOOKAHEAD = 2
 # The fewest runs of a size an engine's KV pool must keep warm for the run gate to hold runs of
 # that size there (the rule is scheduler/gate.py's).
 GATE_MIN_RUNS = 10
+# How long a replica whose turns keep failing is first taken out of rotation, unless it says
+# otherwise; each further ejection lasts one more such time, at most ten (scheduler/outliers.py).
+OUTLIER_EJECTION_BASE_S = 30.0
 # The dataplane's default bound on a request body: 16 MiB.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # The runtime's: an MCP request carries a tool call's arguments, not a model's context.
@@ -108,6 +111,10 @@ class Replica(_Strict):
     # only the classes order the turns. No engine says so in its API; unset, it is on for a
     # llama.cpp replica and off for the others: set it false for `llama-server --cache-ram 0`.
     host_cache: bool | None = None
+    # How long this replica is first taken out of rotation when its turns keep failing (5 in a
+    # row, or half of 20 or more within 10 s, its own fault: unreachable, broken off, not a reply,
+    # 5xx); its n-th ejection lasts n times this, at most 10 (scheduler/outliers.py).
+    ejection_base_s: float = Field(default=OUTLIER_EJECTION_BASE_S, gt=0, le=3600)
 
     def keeps_host_cache(self) -> bool:
         """`host_cache`, or the engine's default where unset (llama-server's is on)."""

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fscheduler.proto\x12\x0cluftpause.v1\"\x88\x02\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x31\n\rservice_class\x18\x03 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\'\n\x04kind\x18\x06 \x01(\x0e\x32\x19.luftpause.v1.ReplicaKind\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x1c\n\x14\x65\x63hoed_tool_call_ids\x18\x08 \x03(\t\x12\x15\n\rrequest_bytes\x18\t \x01(\x03\x12\x12\n\nmax_tokens\x18\n \x01(\x03\"\xed\x01\n\nAdmitReply\x12\x31\n\x07outcome\x18\x01 \x01(\x0e\x32 .luftpause.v1.AdmitReply.Outcome\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0f\n\x07held_ms\x18\x05 \x01(\x01\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x16\n\x0ereservation_id\x18\x07 \x01(\t\x12\x11\n\x04slot\x18\x08 \x01(\x05H\x00\x88\x01\x01\"(\n\x07Outcome\x12\n\n\x06PLACED\x10\x00\x12\x11\n\rUNKNOWN_MODEL\x10\x01\x42\x07\n\x05_slot\"\x1f\n\x0bTurnStarted\x12\x10\n\x08streamed\x18\x01 \x01(\x08\"\x0c\n\nFirstToken\"o\n\rTurnCompleted\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x03\x12\x15\n\rtool_call_ids\x18\x04 \x03(\t\"\x1b\n\nTurnFailed\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xd1\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12,\n\x07started\x18\n \x01(\x0b\x32\x19.luftpause.v1.TurnStartedH\x00\x12/\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\x18.luftpause.v1.FirstTokenH\x00\x12\x30\n\tcompleted\x18\x0c \x01(\x0b\x32\x1b.luftpause.v1.TurnCompletedH\x00\x12*\n\x06\x66\x61iled\x18\r \x01(\x0b\x32\x18.luftpause.v1.TurnFailedH\x00\x12\x30\n\tabandoned\x18\x0e \x01(\x0b\x32\x1b.luftpause.v1.TurnAbandonedH\x00\x12+\n\trun_ended\x18\x0f \x01(\x0b\x32\x16.luftpause.v1.RunEndedH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10WantReservations\"e\n\x0fReservationUsed\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12)\n\x05\x61\x64mit\x18\x03 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequest\"\x86\x02\n\rDataplaneItem\x12+\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12(\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x12;\n\x11want_reservations\x18\x03 \x01(\x0b\x32\x1e.luftpause.v1.WantReservationsH\x00\x12\x39\n\x10reservation_used\x18\x04 \x01(\x0b\x32\x1d.luftpause.v1.ReservationUsedH\x00\x12\x1e\n\x14reservation_returned\x18\x05 \x01(\tH\x00\x42\x06\n\x04item\"<\n\x0e\x44\x61taplaneBatch\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"E\n\tPlacement\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\'\n\x05reply\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReply\"G\n\x0bReservation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\"\x95\x01\n\x0eSchedulerBatch\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.Placement\x12\x14\n\x0cnothing_held\x18\x02 \x01(\x08\x12/\n\x0creservations\x18\x03 \x03(\x0b\x32\x19.luftpause.v1.Reservation\x12\x0f\n\x07revoked\x18\x04 \x03(\t\"\xbc\x01\n\x08RunState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x0e\n\x06idle_s\x18\x06 \x01(\x01\x12\x15\n\rtool_call_ids\x18\x07 \x03(\t\"\xbb\x01\n\x0cInFlightTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\'\n\x04kind\x18\x07 \x01(\x0e\x32\x19.luftpause.v1.ReplicaKind\"`\n\rResyncRequest\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.luftpause.v1.RunState\x12)\n\x05turns\x18\x02 \x03(\x0b\x32\x1a.luftpause.v1.InFlightTurn\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\x05\x12\r\n\x05turns\x18\x02 \x01(\x05**\n\x0cServiceClass\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*.\n\x0bReplicaKind\x12\x0e\n\nGENERATIVE\x10\x00\x12\x0f\n\x0bSINGLE_PASS\x10\x01*0\n\x08RunPhase\x12\x08\n\x04IDLE\x10\x00\x12\x0e\n\nGENERATING\x10\x01\x12\n\n\x06PAUSED\x10\x02\x32\x98\x01\n\tScheduler\x12G\n\x05Turns\x12\x1c.luftpause.v1.DataplaneBatch\x1a\x1c.luftpause.v1.SchedulerBatch(\x01\x30\x01\x12\x42\n\x06Resync\x12\x1b.luftpause.v1.ResyncRequest\x1a\x19.luftpause.v1.ResyncReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fscheduler.proto\x12\x0cluftpause.v1\"\x88\x02\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x31\n\rservice_class\x18\x03 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\'\n\x04kind\x18\x06 \x01(\x0e\x32\x19.luftpause.v1.ReplicaKind\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x1c\n\x14\x65\x63hoed_tool_call_ids\x18\x08 \x03(\t\x12\x15\n\rrequest_bytes\x18\t \x01(\x03\x12\x12\n\nmax_tokens\x18\n \x01(\x03\"\xed\x01\n\nAdmitReply\x12\x31\n\x07outcome\x18\x01 \x01(\x0e\x32 .luftpause.v1.AdmitReply.Outcome\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0f\n\x07held_ms\x18\x05 \x01(\x01\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x16\n\x0ereservation_id\x18\x07 \x01(\t\x12\x11\n\x04slot\x18\x08 \x01(\x05H\x00\x88\x01\x01\"(\n\x07Outcome\x12\n\n\x06PLACED\x10\x00\x12\x11\n\rUNKNOWN_MODEL\x10\x01\x42\x07\n\x05_slot\"\x1f\n\x0bTurnStarted\x12\x10\n\x08streamed\x18\x01 \x01(\x08\"\x0c\n\nFirstToken\"o\n\rTurnCompleted\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x03\x12\x15\n\rtool_call_ids\x18\x04 \x03(\t\"2\n\nTurnFailed\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x15\n\rreplica_fault\x18\x02 \x01(\x08\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xd1\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12,\n\x07started\x18\n \x01(\x0b\x32\x19.luftpause.v1.TurnStartedH\x00\x12/\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\x18.luftpause.v1.FirstTokenH\x00\x12\x30\n\tcompleted\x18\x0c \x01(\x0b\x32\x1b.luftpause.v1.TurnCompletedH\x00\x12*\n\x06\x66\x61iled\x18\r \x01(\x0b\x32\x18.luftpause.v1.TurnFailedH\x00\x12\x30\n\tabandoned\x18\x0e \x01(\x0b\x32\x1b.luftpause.v1.TurnAbandonedH\x00\x12+\n\trun_ended\x18\x0f \x01(\x0b\x32\x16.luftpause.v1.RunEndedH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10WantReservations\"e\n\x0fReservationUsed\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12)\n\x05\x61\x64mit\x18\x03 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequest\"\x86\x02\n\rDataplaneItem\x12+\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12(\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x12;\n\x11want_reservations\x18\x03 \x01(\x0b\x32\x1e.luftpause.v1.WantReservationsH\x00\x12\x39\n\x10reservation_used\x18\x04 \x01(\x0b\x32\x1d.luftpause.v1.ReservationUsedH\x00\x12\x1e\n\x14reservation_returned\x18\x05 \x01(\tH\x00\x42\x06\n\x04item\"<\n\x0e\x44\x61taplaneBatch\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"E\n\tPlacement\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\'\n\x05reply\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReply\"G\n\x0bReservation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\"\x95\x01\n\x0eSchedulerBatch\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.Placement\x12\x14\n\x0cnothing_held\x18\x02 \x01(\x08\x12/\n\x0creservations\x18\x03 \x03(\x0b\x32\x19.luftpause.v1.Reservation\x12\x0f\n\x07revoked\x18\x04 \x03(\t\"\xbc\x01\n\x08RunState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x0e\n\x06idle_s\x18\x06 \x01(\x01\x12\x15\n\rtool_call_ids\x18\x07 \x03(\t\"\xbb\x01\n\x0cInFlightTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\'\n\x04kind\x18\x07 \x01(\x0e\x32\x19.luftpause.v1.ReplicaKind\"`\n\rResyncRequest\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.luftpause.v1.RunState\x12)\n\x05turns\x18\x02 \x03(\x0b\x32\x1a.luftpause.v1.InFlightTurn\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\x05\x12\r\n\x05turns\x18\x02 \x01(\x05**\n\x0cServiceClass\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*.\n\x0bReplicaKind\x12\x0e\n\nGENERATIVE\x10\x00\x12\x0f\n\x0bSINGLE_PASS\x10\x01*0\n\x08RunPhase\x12\x08\n\x04IDLE\x10\x00\x12\x0e\n\nGENERATING\x10\x01\x12\n\n\x06PAUSED\x10\x02\x32\x98\x01\n\tScheduler\x12G\n\x05Turns\x12\x1c.luftpause.v1.DataplaneBatch\x1a\x1c.luftpause.v1.SchedulerBatch(\x01\x30\x01\x12\x42\n\x06Resync\x12\x1b.luftpause.v1.ResyncRequest\x1a\x19.luftpause.v1.ResyncReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=2367
-  _globals['_SERVICECLASS']._serialized_end=2409
-  _globals['_REPLICAKIND']._serialized_start=2411
-  _globals['_REPLICAKIND']._serialized_end=2457
-  _globals['_RUNPHASE']._serialized_start=2459
-  _globals['_RUNPHASE']._serialized_end=2507
+  _globals['_SERVICECLASS']._serialized_start=2390
+  _globals['_SERVICECLASS']._serialized_end=2432
+  _globals['_REPLICAKIND']._serialized_start=2434
+  _globals['_REPLICAKIND']._serialized_end=2480
+  _globals['_RUNPHASE']._serialized_start=2482
+  _globals['_RUNPHASE']._serialized_end=2530
   _globals['_ADMITREQUEST']._serialized_start=34
   _globals['_ADMITREQUEST']._serialized_end=298
   _globals['_ADMITREPLY']._serialized_start=301
@@ -50,35 +50,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TURNCOMPLETED']._serialized_start=587
   _globals['_TURNCOMPLETED']._serialized_end=698
   _globals['_TURNFAILED']._serialized_start=700
-  _globals['_TURNFAILED']._serialized_end=727
-  _globals['_TURNABANDONED']._serialized_start=729
-  _globals['_TURNABANDONED']._serialized_end=744
-  _globals['_RUNENDED']._serialized_start=746
-  _globals['_RUNENDED']._serialized_end=756
-  _globals['_TURNEVENT']._serialized_start=759
-  _globals['_TURNEVENT']._serialized_end=1096
-  _globals['_WANTRESERVATIONS']._serialized_start=1098
-  _globals['_WANTRESERVATIONS']._serialized_end=1116
-  _globals['_RESERVATIONUSED']._serialized_start=1118
-  _globals['_RESERVATIONUSED']._serialized_end=1219
-  _globals['_DATAPLANEITEM']._serialized_start=1222
-  _globals['_DATAPLANEITEM']._serialized_end=1484
-  _globals['_DATAPLANEBATCH']._serialized_start=1486
-  _globals['_DATAPLANEBATCH']._serialized_end=1546
-  _globals['_PLACEMENT']._serialized_start=1548
-  _globals['_PLACEMENT']._serialized_end=1617
-  _globals['_RESERVATION']._serialized_start=1619
-  _globals['_RESERVATION']._serialized_end=1690
-  _globals['_SCHEDULERBATCH']._serialized_start=1693
-  _globals['_SCHEDULERBATCH']._serialized_end=1842
-  _globals['_RUNSTATE']._serialized_start=1845
-  _globals['_RUNSTATE']._serialized_end=2033
-  _globals['_INFLIGHTTURN']._serialized_start=2036
-  _globals['_INFLIGHTTURN']._serialized_end=2223
-  _globals['_RESYNCREQUEST']._serialized_start=2225
-  _globals['_RESYNCREQUEST']._serialized_end=2321
-  _globals['_RESYNCREPLY']._serialized_start=2323
-  _globals['_RESYNCREPLY']._serialized_end=2365
-  _globals['_SCHEDULER']._serialized_start=2510
-  _globals['_SCHEDULER']._serialized_end=2662
+  _globals['_TURNFAILED']._serialized_end=750
+  _globals['_TURNABANDONED']._serialized_start=752
+  _globals['_TURNABANDONED']._serialized_end=767
+  _globals['_RUNENDED']._serialized_start=769
+  _globals['_RUNENDED']._serialized_end=779
+  _globals['_TURNEVENT']._serialized_start=782
+  _globals['_TURNEVENT']._serialized_end=1119
+  _globals['_WANTRESERVATIONS']._serialized_start=1121
+  _globals['_WANTRESERVATIONS']._serialized_end=1139
+  _globals['_RESERVATIONUSED']._serialized_start=1141
+  _globals['_RESERVATIONUSED']._serialized_end=1242
+  _globals['_DATAPLANEITEM']._serialized_start=1245
+  _globals['_DATAPLANEITEM']._serialized_end=1507
+  _globals['_DATAPLANEBATCH']._serialized_start=1509
+  _globals['_DATAPLANEBATCH']._serialized_end=1569
+  _globals['_PLACEMENT']._serialized_start=1571
+  _globals['_PLACEMENT']._serialized_end=1640
+  _globals['_RESERVATION']._serialized_start=1642
+  _globals['_RESERVATION']._serialized_end=1713
+  _globals['_SCHEDULERBATCH']._serialized_start=1716
+  _globals['_SCHEDULERBATCH']._serialized_end=1865
+  _globals['_RUNSTATE']._serialized_start=1868
+  _globals['_RUNSTATE']._serialized_end=2056
+  _globals['_INFLIGHTTURN']._serialized_start=2059
+  _globals['_INFLIGHTTURN']._serialized_end=2246
+  _globals['_RESYNCREQUEST']._serialized_start=2248
+  _globals['_RESYNCREQUEST']._serialized_end=2344
+  _globals['_RESYNCREPLY']._serialized_start=2346
+  _globals['_RESYNCREPLY']._serialized_end=2388
+  _globals['_SCHEDULER']._serialized_start=2533
+  _globals['_SCHEDULER']._serialized_end=2685
 # @@protoc_insertion_point(module_scope)

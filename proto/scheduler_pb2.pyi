@@ -103,10 +103,12 @@ class TurnCompleted(_message.Message):
     def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
-    __slots__ = ("error",)
+    __slots__ = ("error", "replica_fault")
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FAULT_FIELD_NUMBER: _ClassVar[int]
     error: str
-    def __init__(self, error: _Optional[str] = ...) -> None: ...
+    replica_fault: bool
+    def __init__(self, error: _Optional[str] = ..., replica_fault: _Optional[bool] = ...) -> None: ...
 
 class TurnAbandoned(_message.Message):
     __slots__ = ()

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from luftpause.lifecycle import CALLER_HEADER, CALLER_MAX_BYTES, CLASS_HEADER, RUN_ID_HEADER
-from luftpause.runtime import spans
+from luftpause.runtime import budgets, spans
 from luftpause.runtime.approvals import DECLINED_TEXT, ask_approval, needs_approval
 from luftpause.runtime.llm import Dataplane, TurnFailed
 from luftpause.runtime.metrics import RuntimeMetrics
@@ -109,9 +109,9 @@ class Agent:
                 spans.replied(span, reply)
             run.counters["turnSeconds"] += time.monotonic() - started
             run.counters["turns"] += 1
-            usage = reply.get("usage") or {}
-            run.counters["promptTokens"] += int(usage.get("prompt_tokens") or 0)
-            run.counters["completionTokens"] += int(usage.get("completion_tokens") or 0)
+            prompt_tokens, completion_tokens = budgets.reported_tokens(reply.get("usage"))
+            run.counters["promptTokens"] += prompt_tokens
+            run.counters["completionTokens"] += completion_tokens
             if not runs.check_budgets(run):
                 break
 

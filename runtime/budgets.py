@@ -18,10 +18,27 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from luftpause import counts
+
 if TYPE_CHECKING:
     from luftpause.runtime.run import Run
 
 BUDGET_KINDS = ("tokens", "toolCalls", "seconds")
+
+
+def reported_tokens(usage: object) -> tuple[int, int]:
+    """The prompt and completion tokens a reply's `usage` says it took, as its run counts them.
+
+    A count that is missing or out of range (negative, not a whole number, NaN, above
+    `counts.MAX_TOKEN_COUNT`: luftpause/counts.py) counts as 0, so a budget only ever grows by
+    what an engine could have spent, and an engine's nonsense can neither refund a budget nor
+    trip one.
+    """
+    if not isinstance(usage, dict):
+        return 0, 0
+    prompt = counts.token_count(usage.get("prompt_tokens")) or 0
+    completion = counts.token_count(usage.get("completion_tokens")) or 0
+    return prompt, completion
 
 
 class BudgetView(BaseModel):

@@ -24,6 +24,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from luftpause import tracing
 from luftpause.lifecycle import TRACEPARENT_HEADER
+from luftpause.runtime import budgets
 from luftpause.runtime.run import Run
 
 
@@ -100,7 +101,7 @@ def replied(span: Span | None, reply: dict[str, Any]) -> None:
     """What a turn's reply says, on its `chat` span: its id, model, finish reasons and tokens."""
     if span is None:
         return
-    usage = reply.get("usage") or {}
+    prompt_tokens, completion_tokens = budgets.reported_tokens(reply.get("usage"))
     choices = reply.get("choices") or []
     reasons = [str(c.get("finish_reason")) for c in choices if isinstance(c, dict) and c.get("finish_reason")]
     span.set_attributes(
@@ -108,8 +109,8 @@ def replied(span: Span | None, reply: dict[str, Any]) -> None:
             "gen_ai.response.id": str(reply.get("id") or ""),
             "gen_ai.response.model": str(reply.get("model") or ""),
             "gen_ai.response.finish_reasons": reasons,
-            "gen_ai.usage.input_tokens": int(usage.get("prompt_tokens") or 0),
-            "gen_ai.usage.output_tokens": int(usage.get("completion_tokens") or 0),
+            "gen_ai.usage.input_tokens": prompt_tokens,
+            "gen_ai.usage.output_tokens": completion_tokens,
         }
     )
 

@@ -76,7 +76,7 @@ def room(
     interactive turns; `paused_interactive`: interactive runs paused on a tool whose next turn
     will come back there. Batch room implies interactive room.
     """
-    if not replica.healthy:
+    if not replica.in_service:
         return False, False
     lookahead = replica.lookahead
     if lookahead <= 0:

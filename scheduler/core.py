@@ -14,7 +14,8 @@ the same state gives the same actions, always: replaying a recorded log reproduc
 There are three kinds of thing, each with a small state machine:
 
   Replica   healthy or not (as last probed; unprobed counts as healthy, so a fresh stack serves at
-            once and the first failed probe takes it out), with the engine's load as last read:
+            once and the first failed probe takes it out), ejected or not (its turns kept failing:
+            outliers.py, counted from the turns' reports), with the engine's load as last read:
             `running` and `waiting`. How many of our turns it may take is admission's rule
             (`admission.py`): no more than its lookahead of them may be waiting inside the engine
             at once, counted as the placed turns the engine is not yet known to have started
@@ -35,9 +36,10 @@ There are three kinds of thing, each with a small state machine:
             or abandoned, or dropped after TURN_TIMEOUT_S without a report. A held turn can also
             be abandoned (its client left).
 
-Placement. A held turn may go to a healthy replica of its kind that serves its model. A run that
-is GENERATING or PAUSED may go only to its last replica, while that replica is healthy and serves
-the model, even when others have room: that is where its KV cache is. Whether a replica has room
+Placement. A held turn may go to a replica in service (healthy, and not ejected for turns that
+keep failing: outliers.py) of its kind that serves its model. A run that is GENERATING or PAUSED
+may go only to its last replica, while that replica is in service and serves the model, even
+when others have room: that is where its KV cache is. Whether a replica has room
 is `admission.room`: fewer of our turns waiting in its engine than its lookahead, and for a batch
 turn one fewer for each interactive run paused on a tool there with room kept for it (never the
 last one); a paused run keeps that room only for about as long as its caller's tools take. Of the
@@ -81,7 +83,7 @@ from typing import Any
 from immutables import Map
 
 from luftpause import lifecycle
-from luftpause.scheduler import admission, fairness, gate
+from luftpause.scheduler import admission, fairness, gate, outliers
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
     DataplaneLeft,
@@ -281,6 +283,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
             kv_slots=spec.kv_slots,
             slots_configured=spec.kv_slots is not None,
             host_cache=spec.host_cache,
+            ejection_base_s=spec.ejection_base_s,
         )
         old = tx.replicas.get(spec.name)
         if old is not None:
@@ -297,6 +300,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
                 kv_slots=fresh.kv_slots if fresh.slots_configured else old.kv_slots,
                 prompt_tokens=old.prompt_tokens,
                 cached_tokens=old.cached_tokens,
+                outlier=old.outlier,
             )
         replicas[spec.name] = fresh
         for model in spec.models:
@@ -459,6 +463,8 @@ def _first_token(tx: _Tx, e: FirstToken, actions: list[Action]) -> None:
 
 def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
     turn = tx.turns.get(e.turn_id)
+    if turn is not None:
+        _count_outcome(tx, turn, failed=False)
     size = None
     if turn is not None and e.prompt_tokens > 0:
         # Its usage is what its run needs from now on, and teaches the model's tokens per byte.
@@ -471,6 +477,10 @@ def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
 
 
 def _turn_failed(tx: _Tx, e: TurnFailed | TurnAbandoned, actions: list[Action]) -> None:
+    if isinstance(e, TurnFailed) and e.replica_fault:
+        turn = tx.turns.get(e.turn_id)
+        if turn is not None:
+            _count_outcome(tx, turn, failed=True)
     _end_turn(tx, e.turn_id, e.at, False)
 
 
@@ -500,6 +510,13 @@ def _run_ended(tx: _Tx, e: RunEnded, actions: list[Action]) -> None:
 
 
 def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
+    for name, replica in tx.replicas.items():
+        if replica.outlier.ejected_until is not None:
+            back = outliers.comes_back(replica.outlier, tx.now)
+            if back is not None:
+                # In service again if its probes say so; the drain tries it at once.
+                tx.replicas = tx.replicas.set(name, dataclasses.replace(replica, outlier=back))
+                tx.may_place = True
     # Both indexes are oldest first: each loop stops at the first entry not yet due.
     while tx.placed_order:
         placed_at, _, turn_id = tx.placed_order.first()
@@ -655,6 +672,31 @@ _HANDLERS: dict[type, Callable[[_Tx, Any, list[Action]], None]] = {
 
 
 # --- replicas ---------------------------------------------------------------------------------
+
+
+def _count_outcome(tx: _Tx, turn: Turn, failed: bool) -> None:
+    """A placed turn ended on its replica, a success or a failure of the replica's own: counted
+    toward ejecting it (outliers.py), which happens here unless it is the last in service."""
+    if turn.status is not _PLACED or turn.replica is None or turn.caller == RESERVED_CALLER:
+        return
+    replica = tx.replicas.get(turn.replica)
+    if replica is None:
+        return
+    record = outliers.turn_ended(replica.outlier, failed, tx.now)
+    if failed and outliers.is_outlier(record) and _others_serve(tx, replica):
+        record = outliers.eject(record, tx.now, replica.ejection_base_s)
+        # The runs pinned there may go elsewhere now (`_choose`).
+        tx.may_place = True
+    tx.replicas = tx.replicas.set(replica.name, dataclasses.replace(replica, outlier=record))
+
+
+def _others_serve(tx: _Tx, replica: Replica) -> bool:
+    """Whether every model `replica` serves has another replica of its kind in service."""
+    for model in replica.models:
+        names = tx.serving.get((replica.kind, model), ())
+        if not any(name != replica.name and tx.replicas[name].in_service for name in names):
+            return False
+    return True
 
 
 def _refresh_router(tx: _Tx, name: str) -> None:
@@ -1138,7 +1180,7 @@ def _choose(tx: _Tx, group: Group, room: list[str]) -> Replica | None:
     """Where a turn of `group` goes now, given the replicas with room for its class; None: it waits."""
     kind, model, pin, _ = group
     names = tx.serving.get((kind, model), ())
-    if pin is not None and pin in names and tx.replicas[pin].healthy:
+    if pin is not None and pin in names and tx.replicas[pin].in_service:
         return tx.replicas[pin] if pin in room else None
     # A run not held anywhere goes only where it fits beside the runs held there (gate.py); its
     # size is looked up only for a replica whose pool is known.
@@ -1338,7 +1380,7 @@ def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
     for reservation in tx.reservations.values():
         if not reservation.revoked and (
             held
-            or not tx.replicas[reservation.replica].healthy
+            or not tx.replicas[reservation.replica].in_service
             or not _wants(tx, reservation.dataplane, reservation.replica)
         ):
             revoke.setdefault(reservation.dataplane, []).append(reservation.reservation_id)
@@ -1415,7 +1457,7 @@ def _take_own_reservations(tx: _Tx, actions: list[Action]) -> None:
                 and not reservation.revoked
                 and reservation.replica in serving
                 and (group.pin is None or group.pin == reservation.replica)
-                and tx.replicas[reservation.replica].healthy
+                and tx.replicas[reservation.replica].in_service
             ):
                 _end_turn(tx, reservation.reservation_id, tx.now, False, touch=False)
                 replica = tx.replicas[reservation.replica]

@@ -36,6 +36,8 @@ class ReplicaSpec:
     kv_slots: int | None = None
     # Whether its engine keeps evicted prefixes in host memory (`Replica.keeps_host_cache`).
     host_cache: bool = False
+    # How long its first ejection lasts when its turns keep failing (outliers.py).
+    ejection_base_s: float = _config.OUTLIER_EJECTION_BASE_S
 
     @classmethod
     def from_config(cls, replica: _config.Replica) -> ReplicaSpec:
@@ -51,6 +53,7 @@ class ReplicaSpec:
             gate_min_runs=replica.gate_min_runs,
             kv_slots=replica.kv_slots,
             host_cache=replica.keeps_host_cache(),
+            ejection_base_s=replica.ejection_base_s,
         )
 
 
@@ -152,12 +155,15 @@ class TurnCompleted:
 
 @dataclass(frozen=True, slots=True)
 class TurnFailed:
-    """The turn ended in an error (engine unreachable, refused, broke mid-stream, client left mid-stream)."""
+    """The turn ended in an error (engine unreachable, refused, broke mid-stream, client left mid-stream).
+
+    `replica_fault`: the replica's doing, which counts toward ejecting it (outliers.py)."""
 
     turn_id: str
     run_id: str
     error: str
     at: float
+    replica_fault: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import grpc
 from opentelemetry.trace import StatusCode
 
 from luftpause import config as _config
-from luftpause import http_server, tracing
+from luftpause import counts, http_server, tracing
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
@@ -200,6 +200,8 @@ class SchedulerHost:
             self._log_health_change(before, event)
             if not event.healthy:
                 self.counts.probe_failures[event.name] += 1
+        elif isinstance(event, (ev.TurnFailed, ev.Tick)):
+            self._log_ejections(before)
         decisions = self.counts.decisions
         for action in actions:
             decisions[ACTION_NAMES[type(action)]] += 1
@@ -239,6 +241,26 @@ class SchedulerHost:
                         owner.reserve(action)
                     else:
                         owner.revoke(action)
+
+    def _log_ejections(self, before: State) -> None:
+        """A replica taken out of rotation for failing turns, or back in (scheduler/outliers.py)."""
+        for name, replica in self.state.replicas.items():
+            old = before.replicas.get(name)
+            if old is None or old.outlier.ejected_until == replica.outlier.ejected_until:
+                continue
+            record = replica.outlier
+            if record.ejected_until is not None:
+                log.warning(
+                    "replica %s ejected for %.0f s: its turns kept failing (%d in a row, %d of %d lately; ejection %d)",
+                    name,
+                    record.ejected_until - self.state.now,
+                    record.consecutive,
+                    record.failures,
+                    record.turns,
+                    record.ejections,
+                )
+            else:
+                log.info("replica %s is back from its ejection", name)
 
     def _log_health_change(self, before: State, probe: ev.ReplicaProbed) -> None:
         old = before.replicas.get(probe.name)
@@ -381,17 +403,19 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
             return ev.FirstToken(message.turn_id, message.run_id, at)
         case "completed":
             c = message.completed
+            # A count out of range is unknown, as one never sent (0 on the wire): luftpause/counts.py.
             return ev.TurnCompleted(
                 message.turn_id,
                 message.run_id,
                 c.finish_reason,
-                c.prompt_tokens,
-                c.completion_tokens,
+                counts.token_count(c.prompt_tokens) or 0,
+                counts.token_count(c.completion_tokens) or 0,
                 tuple(c.tool_call_ids),
                 at,
             )
         case "failed":
-            return ev.TurnFailed(message.turn_id, message.run_id, message.failed.error, at)
+            failed = message.failed
+            return ev.TurnFailed(message.turn_id, message.run_id, failed.error, at, failed.replica_fault)
         case "abandoned":
             return ev.TurnAbandoned(message.turn_id, message.run_id, at)
         case "run_ended":
@@ -417,7 +441,7 @@ def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
     if isinstance(message, pb.AdmitRequest):
         # 0 on the wire is "not sent" (an older dataplane, or a body without max_tokens).
         fields["request_bytes"] = max(0, message.request_bytes)
-        fields["max_tokens"] = message.max_tokens if message.max_tokens > 0 else None
+        fields["max_tokens"] = counts.token_count(message.max_tokens) or None
     return fields
 
 
@@ -439,7 +463,8 @@ def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Re
                 phase=_PHASES.get(r.phase, Phase.IDLE),
                 service_class=_CLASSES.get(r.service_class, ServiceClass.INTERACTIVE),
                 caller=r.caller,
-                idle_s=r.idle_s,
+                # Not a finite time (NaN, inf, negative): unknown, taken as active just now.
+                idle_s=counts.duration_s(r.idle_s) or 0.0,
             )
             for r in request.runs
         ),

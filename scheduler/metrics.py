@@ -162,6 +162,16 @@ class SchedulerCollector(Collector):
             "Probes that found a replica unhealthy (no answer, or not 2xx on its health path).",
             labels=["replica"],
         )
+        ejected = GaugeMetricFamily(
+            "luftpause_scheduler_replica_ejected",
+            "1 while the replica is out of rotation because its turns kept failing (outlier ejection).",
+            labels=["replica"],
+        )
+        ejections = CounterMetricFamily(
+            "luftpause_scheduler_replica_ejections",
+            "Times the replica was taken out of rotation because its turns kept failing.",
+            labels=["replica"],
+        )
         flying, reservations = per_replica(state)
         for r in state.replicas_in_order():
             n = flying.get(r.name, 0)
@@ -171,7 +181,9 @@ class SchedulerCollector(Collector):
             reserved.add_metric([r.name], reservations.get(r.name, 0))
             healthy.add_metric([r.name], 1.0 if r.healthy else 0.0)
             failures.add_metric([r.name], self.counts.probe_failures[r.name])
-        yield from (in_flight, limit, reserved, healthy, failures)
+            ejected.add_metric([r.name], 1.0 if r.outlier.ejected else 0.0)
+            ejections.add_metric([r.name], r.outlier.ejections)
+        yield from (in_flight, limit, reserved, healthy, failures, ejected, ejections)
         yield from self._prompt_cache(state)
 
     def _prompt_cache(self, state: State) -> Iterable[Metric]:

@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 from immutables import Map
 
 from luftpause import lifecycle
-from luftpause.config import GATE_MIN_RUNS, LOOKAHEAD
+from luftpause.config import GATE_MIN_RUNS, LOOKAHEAD, OUTLIER_EJECTION_BASE_S
 from luftpause.lifecycle import Phase as Phase  # re-exported: the scheduler imports it from here
 from luftpause.scheduler.ordered import EMPTY, SortedSet
+from luftpause.scheduler.outliers import FRESH, Outlier
 
 
 class ServiceClass(StrEnum):
@@ -92,6 +93,14 @@ class Replica:
     # /status and the scheduler's /metrics; no decision reads them.
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    # How its turns have been ending, and its ejections (outliers.py), and how long its first lasts.
+    outlier: Outlier = FRESH
+    ejection_base_s: float = OUTLIER_EJECTION_BASE_S
+
+    @property
+    def in_service(self) -> bool:
+        """Whether turns may go to it: its last probe found it healthy, and it is not ejected."""
+        return self.healthy and self.outlier.ejected_until is None
 
 
 class Run(NamedTuple):

@@ -199,6 +199,21 @@ def _gate_document(state: State) -> dict[str, Any]:
     }
 
 
+def _ejection_document(replica: Replica, now: float) -> dict[str, Any]:
+    """Where a replica stands with outlier ejection (outliers.py): how long it is still out
+    (None: in rotation), its ejections so far, its failures in a row, and the turns counted in
+    the current interval with the failed among them."""
+    record = replica.outlier
+    until = record.ejected_until
+    return {
+        "ejected_for_s": round(max(until - now, 0.0), 3) if until is not None else None,
+        "ejections": record.ejections,
+        "failures_in_a_row": record.consecutive,
+        "interval_turns": record.turns,
+        "interval_failures": record.failures,
+    }
+
+
 def status_document(state: State, now: float) -> dict[str, Any]:
     """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
     in_flight, reserved = per_replica(state)
@@ -210,6 +225,9 @@ def status_document(state: State, now: float) -> dict[str, Any]:
             "models": sorted(r.models),
             "healthy": r.healthy,
             "probed": r.probed,
+            # Healthy and not ejected: turns may go there.
+            "in_service": r.in_service,
+            "ejection": _ejection_document(r, now),
             "in_flight": in_flight.get(r.name, 0),
             # The most of our turns it may hold now (admission.limit).
             "limit": admission.limit(r, in_flight.get(r.name, 0), state.waiting_interactive(r.name)),

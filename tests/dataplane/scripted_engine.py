@@ -9,15 +9,21 @@ says in its body (which the dataplane passes through unchanged) what the engine 
               "break"      a 200 stream of two chunks, then the connection closed mid-reply
               "hang"       a 200 stream of one chunk, then nothing until the client leaves
               "silent"     nothing at all, not even a status line, until the client leaves
+              "headers"    a 200 stream's headers, then the connection closed without a byte
+              "garbage"    a 200 stream of bytes that are not server-sent events, then its end
     "tag":    a name the test finds its request by in the log
+    "usage_raw": JSON text put verbatim as the reply's `usage` (a stream's in a last chunk with
+              no choices, before [DONE]), so that a test can send numbers no encoder writes
 
 `GET /_log` answers every chat request received so far: its tag, path, headers, body and
 whether the client (the dataplane) went away before the engine was done; `GET /_gets` the paths
 of the other GETs (health probes, metrics). Any path ending in `/health` or `/ready` answers 200. `GET /metrics` reports load in
 SGLang's names; with `--busy` the engine reports a queue of five others' requests and nothing
-running, more than the lookahead, so every turn for it is held. `--certfile/--keyfile` serve https.
+running, more than the lookahead, so every turn for it is held. `--certfile/--keyfile` serve https. With `--always SCRIPT` every chat
+request is answered with that script, whatever its body says (a replica broken for every turn);
+`POST /_always` with a body of a script name (or nothing, for none) changes that while it runs.
 
-    python tests/dataplane/scripted_engine.py --port 9999 [--busy] [--certfile C --keyfile K]
+    python tests/dataplane/scripted_engine.py --port 9999 [--busy] [--always S] [--certfile C --keyfile K]
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ import uvicorn
 Scope = dict[str, Any]
 
 REFUSAL = {"error": {"message": "scripted refusal", "type": "scripted"}}
+GARBAGE = b"<html>\x00\xff not an event stream\r\n\r\n%PDF-1.4 \x89PNG garbage garbage\n\n"
+_USAGE = "__scripted_usage__"
+
+
+def _with_usage(payload: dict[str, Any], usage_raw: str | None) -> bytes:
+    """`payload` encoded, its `usage` the raw JSON text `usage_raw` when one is given."""
+    if usage_raw is None:
+        return json.dumps(payload).encode()
+    return json.dumps({**payload, "usage": _USAGE}).replace(f'"{_USAGE}"', usage_raw).encode()
 
 
 def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
@@ -67,8 +82,9 @@ def _completion(request: dict[str, Any]) -> dict[str, Any]:
 
 
 class ScriptedEngine:
-    def __init__(self, busy: bool) -> None:
+    def __init__(self, busy: bool, always: str | None = None) -> None:
         self.busy = busy
+        self.always = always
         self.log: list[dict[str, Any]] = []
         self.gets: list[str] = []
 
@@ -91,18 +107,25 @@ class ScriptedEngine:
             await self._json(send, 200, self.log)
         elif method == "GET" and path == "/_gets":
             await self._json(send, 200, self.gets)
+        elif method == "POST" and path == "/_always":
+            self.always = (await self._body(receive)).decode() or None
+            await self._json(send, 200, {"always": self.always})
         elif method == "POST" and path == "/v1/chat/completions":
             await self._chat(scope, receive, send)
         else:
             await self._json(send, 404, {"error": {"message": f"no route {method} {path}"}})
 
-    async def _chat(self, scope: Scope, receive: Any, send: Any) -> None:
+    @staticmethod
+    async def _body(receive: Any) -> bytes:
         body = b""
         while True:
             message = await receive()
             body += message.get("body", b"")
             if not message.get("more_body"):
-                break
+                return body
+
+    async def _chat(self, scope: Scope, receive: Any, send: Any) -> None:
+        body = await self._body(receive)
         request = json.loads(body)
         entry: dict[str, Any] = {
             "tag": request.get("tag", ""),
@@ -112,7 +135,8 @@ class ScriptedEngine:
             "disconnected": False,
         }
         self.log.append(entry)
-        script = request.get("script", "reply")
+        script = self.always or request.get("script", "reply")
+        usage_raw = request.get("usage_raw")
         if script == "refuse":
             headers = [(b"content-type", b"application/json")]
             if "retry_after" in request:
@@ -125,7 +149,11 @@ class ScriptedEngine:
             entry["disconnected"] = True
             return
         if not request.get("stream") and script in ("reply", "tool_calls"):
-            await self._json(send, 200, _completion(request))
+            headers = [(b"content-type", b"application/json")]
+            await self._send(send, 200, headers, _with_usage(_completion(request), usage_raw))
+            return
+        if not request.get("stream") and script == "garbage":
+            await self._send(send, 200, [(b"content-type", b"application/json")], GARBAGE)
             return
         await send(
             {
@@ -134,6 +162,12 @@ class ScriptedEngine:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
+        if script == "headers":
+            return  # the response unfinished: uvicorn closes the connection
+        if script == "garbage":
+            await send({"type": "http.response.body", "body": GARBAGE, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         if script == "break":
             for piece in (_chunk({"role": "assistant", "content": "a"}), _chunk({"content": "b"})):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
@@ -157,6 +191,14 @@ class ScriptedEngine:
             _chunk({}, "stop"),
             b"data: [DONE]\n\n",
         ]
+        if usage_raw is not None:
+            usage_chunk = {
+                "id": "scripted-1",
+                "object": "chat.completion.chunk",
+                "model": "scripted",
+                "choices": [],
+            }
+            pieces.insert(3, b"data: " + _with_usage(usage_chunk, usage_raw) + b"\n\n")
         for piece in pieces:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -174,11 +216,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--always", help="the script every chat request is answered with")
     parser.add_argument("--certfile")
     parser.add_argument("--keyfile")
     args = parser.parse_args()
     config = uvicorn.Config(
-        ScriptedEngine(args.busy),
+        ScriptedEngine(args.busy, args.always),
         host="127.0.0.1",
         port=args.port,
         log_level="warning",

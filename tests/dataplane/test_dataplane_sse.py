@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.dataplane.sse import StreamObserver, observe_completion, says_something
+from luftpause.dataplane.sse import NotAnEventStream, StreamObserver, observe_completion, says_something
 
 
 def _event(payload: dict) -> bytes:
@@ -137,10 +137,25 @@ def test_an_error_event_inside_the_stream_is_noted():
     assert seen.ran_to_its_end
 
 
-def test_comments_and_garbage_are_ignored():
-    stream = b": keep-alive\n\nevent: message\ndata: {not json\n\n" + TEXT_STREAM
+def test_comments_event_names_and_ids_are_ignored():
+    stream = b": keep-alive\n\nevent: message\nid: 7\nretry: 100\n" + TEXT_STREAM
     seen, _ = _observe(stream, [])
     assert seen.finish_reason == "stop" and seen.done
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"event: message\ndata: {not json\n\n",
+        b"<html>not an event stream</html>\n\n",
+        b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n\x00\xff garbage\n',
+    ],
+    ids=["data-not-json", "not-sse", "after-a-token"],
+)
+def test_what_is_not_an_event_stream_of_json_is_an_error_before_it_is_passed_on(garbage: bytes):
+    # The garbage first, then a stream that would have ended well: the observer must stop at it.
+    with pytest.raises(NotAnEventStream):
+        _observe(garbage + TEXT_STREAM, [])
 
 
 def test_a_whole_reply_with_tool_calls():
