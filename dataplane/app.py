@@ -27,13 +27,14 @@ from starlette.types import Receive, Scope, Send
 from luftpause import config as lp_config
 from luftpause import http_server, logs, tracing
 from luftpause.bearer import Tokens
-from luftpause.dataplane import auth, headers, workers
+from luftpause.dataplane import auth, headers
 from luftpause.dataplane.auth import token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
 from luftpause.dataplane.openapi import describe_turn_routes
 from luftpause.dataplane.proxy import Proxy, quiet_deliberate_cut_offs
+from luftpause.dataplane.scheduler_client import dataplane_name
 from luftpause.hosts import HostGuard, allowed_hosts
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class DataplaneApp(FastAPI):
 def create_app(config: lp_config.Config, token: str | None = None, name: str = "") -> FastAPI:
     """The dataplane app; `token` is the bearer every /v1 request needs (None lets everyone in),
     and what it shows the scheduler's gRPC port, which asks for the same one; `name` is what it
-    calls itself to the scheduler when it is one worker of several."""
+    calls itself to the scheduler (`scheduler_client.dataplane_name`)."""
     proxy = Proxy(config, token, name)
     tokens = Tokens(token)
     quiet_deliberate_cut_offs()
@@ -138,11 +139,10 @@ def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | 
     or as worker `worker` of several accepting on the inherited socket `listen_fd`."""
     settings = config.dataplane
     tracing.setup("luftpause-dataplane")
-    name = "" if worker is None else workers.worker_name(settings, worker)
+    name = dataplane_name(settings, worker)
     if worker is None:
-        log.info(
-            "dataplane on http://%s:%d, scheduler at %s", settings.host, settings.port, settings.scheduler
-        )
+        log.info("dataplane %s on http://%s:%d, scheduler at %s", name, settings.host, settings.port,
+                 settings.scheduler)  # fmt: skip
     else:
         log.info("dataplane worker %d (%s), scheduler at %s", worker, name, settings.scheduler)
     # The port's bounds (head and body deadlines, connection limit, descriptor limit): http_server.

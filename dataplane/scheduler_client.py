@@ -33,10 +33,12 @@ import asyncio
 import contextlib
 import enum
 import logging
+import socket
 
 import grpc
 import grpc.aio
 
+from luftpause import config as lp_config
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
 from luftpause.dataplane.runs import PlacedTurn, RunBook
 from luftpause.lifecycle import pauses_run
@@ -67,6 +69,15 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def dataplane_name(settings: lp_config.DataplaneSettings, worker: int | None = None) -> str:
+    """The name a dataplane gives itself to the scheduler, which scopes its resync to what came
+    through it: `[dataplane] name`, or `<hostname>/<host>:<port>` (no two processes on one
+    machine listen on one address and port, and a restart keeps it, so that the restarted
+    dataplane's resync replaces what its last life left); worker `k` of several adds `/k`."""
+    base = settings.name or f"{socket.gethostname()}/{settings.host}:{settings.port}"
+    return base if worker is None else f"{base}/{worker}"
+
+
 class Urgency(enum.IntEnum):
     """How soon an event must reach the scheduler (see the module docstring)."""
 
@@ -81,8 +92,8 @@ class SchedulerClient:
     def __init__(self, target: str, runs: RunBook, token: str | None = None, name: str = "") -> None:
         self._target = target
         self.runs = runs
-        # The scheduler's gRPC port takes only calls carrying the token (scheduler/host.py); a
-        # name scopes this dataplane's resync where several share the scheduler (scheduler.proto).
+        # The scheduler's gRPC port takes only calls carrying the token (scheduler/host.py); the
+        # name (`dataplane_name`) scopes this dataplane's resync where several share the scheduler.
         metadata = []
         if token:
             metadata.append(("authorization", f"Bearer {token}"))

@@ -5,8 +5,9 @@ this process binds the port once and starts N dataplane processes that all accep
 listening socket (the kernel hands each new connection to one of them; a kept-alive connection
 stays with the worker that took it). It starts nothing else and serves nothing itself.
 
-Each worker keeps its own Turns stream to the scheduler under a name of its own
-(`<host>:<port>/<k>`, the same after a restart), so that its resync replaces only what came
+Each worker keeps its own Turns stream to the scheduler under a name of its own (the
+dataplane's name and `/<k>`: `scheduler_client.dataplane_name`, the same after a restart), so
+that its resync replaces only what came
 through it; the scheduler puts a turn without a run header in its run whichever worker carried
 the run's last turn (scheduler/run_identity.py), once the worker that carried the reply has
 reported its tool calls, a moment after its client had it: a next turn sent through another
@@ -43,11 +44,6 @@ DEATH_WINDOW_S = 60.0
 WATCH_PERIOD_S = 0.2
 STOP_GRACE_S = 10.0
 LISTEN_BACKLOG = 2048
-
-
-def worker_name(settings: lp_config.DataplaneSettings, k: int) -> str:
-    """The name worker `k` gives itself to the scheduler: the same across its restarts."""
-    return f"{settings.host}:{settings.port}/{k}"
 
 
 def listen(settings: lp_config.DataplaneSettings) -> socket.socket:

@@ -186,6 +186,11 @@ class DataplaneSettings(HttpPortSettings):
     # Dataplane processes accepting on the one port, each with its own scheduler stream
     # (dataplane/workers.py); max_connections is per worker.
     workers: int = Field(default=1, ge=1, le=64)
+    # What this dataplane calls itself to the scheduler, whose resync from it replaces only what
+    # came through it; unset: `<machine's hostname>/<host>:<port>`, unique to each dataplane
+    # process on a machine and the same across its restarts (dataplane/scheduler_client.py
+    # `dataplane_name`). Set it where hostnames repeat; each dataplane sharing a scheduler its own.
+    name: str = Field(default="", max_length=200)
 
 
 class McpServer(_Strict):

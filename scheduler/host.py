@@ -52,6 +52,10 @@ from luftpause.scheduler.status import HeldHistory, build_app, runtime_origins
 log = logging.getLogger("luftpause.scheduler")
 
 TICK_PERIOD_S = 1.0
+# A dataplane with no Turns stream open for this long is forgotten (its entry in /status's
+# `dataplanes`); what came through it stays, as after any stream's end: its runs until they go idle
+# or move to another dataplane, its turns in flight until reported or TURN_TIMEOUT_S (core.py).
+DATAPLANE_FORGET_S = 300.0
 # How long a refused call's request stream is read before the refusal is sent.
 REFUSAL_DRAIN_S = 1.0
 
@@ -75,6 +79,7 @@ class Link:
         "told",
         "ready",
         "closed",
+        "foreign_logged",
     )
 
     def __init__(self, dataplane: str = "") -> None:
@@ -88,6 +93,8 @@ class Link:
         self.told = True
         self.ready = asyncio.Event()
         self.closed = False
+        # Whether a report on another dataplane's turn has been logged for this stream (once).
+        self.foreign_logged = False
 
     def answer(self, action: Place | Refuse) -> None:
         self.waiting.pop(action.turn_id, None)
@@ -156,13 +163,16 @@ def placement(action: Place | Refuse) -> pb.Placement:
 
 @dataclasses.dataclass(slots=True)
 class DataplaneSeen:
-    """What the host knows of one dataplane (by the name it gives; "" for a single unnamed one)."""
+    """What the host knows of one dataplane (by the name it gives, dataplane/scheduler_client.py
+    `dataplane_name`; "" for one that gives none), kept until it has been gone `DATAPLANE_FORGET_S`."""
 
     streams: int = 0  # Turns streams open now
     resyncs: int = 0
     # What its last resync carried.
     runs: int = 0
     turns: int = 0
+    # Since when (on the events' clock) it has had no stream open; None while it has one.
+    gone_since: float | None = None
 
     def document(self, name: str) -> dict[str, Any]:
         return {"name": name, "streams": self.streams, "resyncs": self.resyncs,
@@ -340,7 +350,7 @@ class SchedulerHost:
         """Replaces what came through `dataplane` with its view (the core's `Resynced`), and the
         tool_call_ids of the runs it names with its word on them."""
         self.feed(resynced(request, self.clock(), dataplane))
-        seen = self.dataplanes.setdefault(dataplane, DataplaneSeen())
+        seen = self._seen(dataplane)
         seen.resyncs, seen.runs, seen.turns = seen.resyncs + 1, len(request.runs), len(request.turns)
         self.counts.resyncs += 1
         runs = self.state.runs
@@ -358,8 +368,17 @@ class SchedulerHost:
         if turn_id in self._arrivals:
             self._admit_span(turn_id, run_id, None)
 
+    def _seen(self, dataplane: str) -> DataplaneSeen:
+        seen = self.dataplanes.get(dataplane)
+        if seen is None:
+            # Gone until its stream opens (a resync comes first).
+            seen = self.dataplanes[dataplane] = DataplaneSeen(gone_since=self.clock())
+        return seen
+
     def connect(self, link: Link) -> None:
-        self.dataplanes.setdefault(link.dataplane, DataplaneSeen()).streams += 1
+        seen = self._seen(link.dataplane)
+        seen.streams += 1
+        seen.gone_since = None
         self._links.add(link)
         previous = self._link_of.get(link.dataplane)
         self._link_of[link.dataplane] = link
@@ -379,7 +398,10 @@ class SchedulerHost:
         (or will admit them again, under the same ids, once it has reconnected and resynced)."""
         link.close()
         self._links.discard(link)
-        self.dataplanes[link.dataplane].streams -= 1
+        seen = self._seen(link.dataplane)
+        seen.streams -= 1
+        if not seen.streams:
+            seen.gone_since = self.clock()
         if self._link_of.get(link.dataplane) is link:
             del self._link_of[link.dataplane]
             self.feed(ev.DataplaneLeft(link.dataplane, self.clock()))
@@ -392,6 +414,23 @@ class SchedulerHost:
         now = self.clock()
         self.feed(ev.Tick(now))
         self.held_history.sample(self.state, now)
+        for name, seen in list(self.dataplanes.items()):
+            if seen.gone_since is not None and now - seen.gone_since >= DATAPLANE_FORGET_S:
+                del self.dataplanes[name]
+                log.info("dataplane %r forgotten: no stream from it for %.0f s", name, now - seen.gone_since)
+
+    def owns(self, link: Link, turn_id: str) -> bool:
+        """Whether `link` may report on the turn: one the scheduler knows was admitted (or
+        resynced) through another dataplane is not its to speak for; such a report is ignored,
+        logged once a stream. A turn not known here (already ended, never ours) is anyone's."""
+        turn = self.state.turns.get(turn_id)
+        if turn is None or turn.dataplane == link.dataplane:
+            return True
+        if not link.foreign_logged:
+            link.foreign_logged = True
+            log.warning("dataplane %r reported on turn %s of dataplane %r: ignored (logged once a stream)",
+                        link.dataplane, turn_id, turn.dataplane)  # fmt: skip
+        return False
 
 
 def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
@@ -560,6 +599,8 @@ class SchedulerService(rpc.SchedulerServicer):
                 host.feed(ev.ReservationsWanted(link.dataplane, host.clock()))
                 return
         message = item.event
+        if message.turn_id and not host.owns(link, message.turn_id):
+            return
         if message.WhichOneof("event") == "abandoned":
             host.abandon(message.turn_id, message.run_id)
             return

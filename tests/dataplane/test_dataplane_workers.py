@@ -23,6 +23,9 @@ import httpx
 import pytest
 from support import Ports, Service, running, wait_until, write_config
 
+from luftpause import config as lp_config
+from luftpause.dataplane.scheduler_client import dataplane_name
+
 MODEL = "fake-llama"
 LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 
@@ -33,6 +36,7 @@ class Stack:
     engine: Service
     scheduler: Service
     dataplane: Service
+    config: Path
 
     @property
     def url(self) -> str:
@@ -75,13 +79,13 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         "dataplane", ["dataplane", "--config", str(path), "--workers", "2"], tmp_path / "dataplane.log"
     )
     with running(engine.start(), scheduler.start(), dataplane.start()):
-        s = Stack(ports, engine, scheduler, dataplane)
+        s = Stack(ports, engine, scheduler, dataplane, path)
         engine.wait_tcp(ports.engines[0])
         scheduler.wait_http(f"http://127.0.0.1:{ports.status}/status")
         dataplane.wait_http(f"{s.url}/health")
         wait_until(lambda: len(s.workers()) == 2, what="two workers")
         # Both workers connected to the scheduler, each under its own name.
-        names = [f"127.0.0.1:{ports.dataplane}/{k}" for k in (0, 1)]
+        names = [dataplane_name(lp_config.load(path).dataplane, k) for k in (0, 1)]
         wait_until(lambda: s.resyncs() == {n: (1, 1) for n in names}, what="both workers' resyncs")
         yield s
 
@@ -165,7 +169,7 @@ def test_a_worker_dying_leaves_the_other_workers_turns_counted_and_they_finish(s
         )
     # The engine stands still until the restart is over, so the turn is still running through it.
     stack.engine.send_signal(signal.SIGSTOP)
-    second_name = f"127.0.0.1:{stack.ports.dataplane}/1"
+    second_name = dataplane_name(lp_config.load(stack.config).dataplane, 1)
     os.kill(second, signal.SIGKILL)
     wait_until(lambda: second not in stack.workers() and len(stack.workers()) == 2, timeout_s=15,
                what="the second worker started again")  # fmt: skip
