@@ -16,7 +16,6 @@ counts (back to zero). JSON and markdown under bench/results/.
 The other drills, each a module of its own with its own options after `--drill NAME`:
 
     luftpause bench faults --drill ports [--idle 10000] [--slowloris 300]    # bench/faults_ports.py
-    luftpause bench faults --drill engines                                   # bench/faults_engines.py
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from luftpause.bench.soak import LoadedStack
 from luftpause.fake_mcp.server import CALLS_ENV
 
 # The drills beside the kills: `--drill NAME` runs that module's main with the options that follow.
-DRILLS = {"ports": "luftpause.bench.faults_ports", "engines": "luftpause.bench.faults_engines"}
+DRILLS = {"ports": "luftpause.bench.faults_ports"}
 VICTIMS = ("scheduler", "dataplane", "runtime", "fake-a", "fake-mcp")
 
 
