@@ -10,7 +10,7 @@ says in its body (which the dataplane passes through unchanged) what the engine 
               "hang"       a 200 stream of one chunk, then nothing until the client leaves
               "silent"     nothing at all, not even a status line, until the client leaves
               "headers"    a 200 stream's headers, then the connection closed without a byte
-              "garbage"    a 200 stream of bytes that are not server-sent events, then [DONE]
+              "garbage"    a 200 stream of bytes that are not server-sent events, then its end
     "tag":    a name the test finds its request by in the log
     "usage_raw": JSON text put verbatim as the reply's `usage` (a stream's in a last chunk with
               no choices, before [DONE]), so that a test can send numbers no encoder writes
@@ -38,9 +38,7 @@ import uvicorn
 Scope = dict[str, Any]
 
 REFUSAL = {"error": {"message": "scripted refusal", "type": "scripted"}}
-# Not events, but for the [DONE] that ends them: a reader that skips what it does not know sees
-# a stream that ran to its end.
-GARBAGE = b"<html>\x00\xff not an event stream\r\n\r\n%PDF-1.4 \x89PNG garbage garbage\n\ndata: [DONE]\n\n"
+GARBAGE = b"<html>\x00\xff not an event stream\r\n\r\n%PDF-1.4 \x89PNG garbage garbage\n\n"
 _USAGE = "__scripted_usage__"
 
 

@@ -103,7 +103,7 @@ def pinned_to(state: State, turn: Turn) -> str | None:
     replica = state.replicas.get(run.replica)
     if (
         replica is None
-        or not replica.in_service
+        or not replica.healthy
         or turn.model not in replica.models
         or replica.kind is not turn.kind
     ):
@@ -165,7 +165,7 @@ def room_for(state: State, name: str, service_class: ServiceClass) -> bool:
     started, and leaves one turn of lookahead to each paused interactive run, down to one. Others'
     requests a reading showed queued count against both."""
     replica = state.replicas[name]
-    if not replica.in_service:
+    if not replica.healthy:
         return False
     lookahead = replica.lookahead
     if lookahead <= 0:
@@ -184,7 +184,7 @@ def eligible(state: State, turn: Turn) -> list[str]:
     return [
         r.name
         for r in state.replicas_in_order()
-        if r.in_service and r.kind is turn.kind and turn.model in r.models
+        if r.healthy and r.kind is turn.kind and turn.model in r.models
     ]
 
 
@@ -429,11 +429,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.feed(TurnCompleted(turn.turn_id, turn.run_id, reason, 10, 5, ids, self.now))
 
     @precondition(lambda self: self._open(TurnStatus.PLACED))
-    @rule(data=st.data(), replica_fault=st.sampled_from((True, True, False)))
-    def fail(self, data: st.DataObject, replica_fault: bool) -> None:
-        """A turn fails, mostly by its replica's fault (which may get the replica ejected)."""
+    @rule(data=st.data())
+    def fail(self, data: st.DataObject) -> None:
         turn = self.state.turns[data.draw(st.sampled_from(self._open(TurnStatus.PLACED)))]
-        self.feed(TurnFailed(turn.turn_id, turn.run_id, "engine broke", self.now, replica_fault))
+        self.feed(TurnFailed(turn.turn_id, turn.run_id, "engine broke", self.now))
 
     @precondition(lambda self: self._open(TurnStatus.PLACED))
     @rule(data=st.data(), streamed=st.booleans())
@@ -665,9 +664,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def a_turn_goes_only_to_a_healthy_replica_serving_its_model(self) -> None:
         for a in self.new_places():
             turn, replica = self.state.turns[a.turn_id], self.state.replicas[a.replica]
-            assert replica.in_service, (
-                f"{a.turn_id} placed on {a.replica}, not in service (unhealthy or ejected)"
-            )
+            assert replica.healthy, f"{a.turn_id} placed on unhealthy {a.replica}"
             assert replica.kind is turn.kind and turn.model in replica.models, (
                 f"{a.replica} does not serve it"
             )
