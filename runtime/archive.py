@@ -85,14 +85,8 @@ class Archive:
         with self.path.open("rb") as f:
             for raw in f:
                 record = _parsed(raw) if raw.strip() else None
-                if record is not None and record["run"] not in index.offsets:
-                    handle = record["run"]
-                    index.offsets[handle] = offset
-                    parent = _parent(record)
-                    if parent is not None:
-                        index.children.setdefault(parent, []).append(handle)
-                    at = _ended_at(record)
-                    index.oldest = at if index.oldest is None else min(index.oldest, at)
+                if record is not None:
+                    _note(index, record, offset)
                 offset += len(raw)
         return index
 
@@ -177,14 +171,7 @@ class Archive:
             if index is None:
                 return  # built on first need, from the file, which has them now
             for record, line in zip(records, lines, strict=True):
-                handle = record["run"]
-                if handle not in index.offsets:
-                    index.offsets[handle] = offset
-                    parent = _parent(record)
-                    if parent is not None:
-                        index.children.setdefault(parent, []).append(handle)
-                    at = _ended_at(record)
-                    index.oldest = at if index.oldest is None else min(index.oldest, at)
+                _note(index, record, offset)
                 offset += len(line)
 
     def trim(self, retention_s: float, now: float, slack: float = TRIM_SLACK) -> int:
@@ -239,3 +226,17 @@ class Archive:
             len(self._index.offsets),
         )
         return len(dropped)
+
+
+def _note(index: _Index, record: dict, offset: int) -> None:
+    """Puts a run's first record at `offset` into the index: its offset, its place among its
+    parent's children, and the oldest end seen."""
+    handle = record["run"]
+    if handle in index.offsets:
+        return
+    index.offsets[handle] = offset
+    parent = _parent(record)
+    if parent is not None:
+        index.children.setdefault(parent, []).append(handle)
+    at = _ended_at(record)
+    index.oldest = at if index.oldest is None else min(index.oldest, at)
