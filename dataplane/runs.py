@@ -3,7 +3,8 @@
 The scheduler holds the authoritative state, but it lives in another process and may restart.
 Every event the dataplane reports to it is applied here too, so this view always says what the
 scheduler would know had it seen every event: each run's last replica, phase, class and caller,
-and each placed turn not yet finished. A run's latest reply's tool_call_ids go too, so that the
+and each placed turn not yet finished, and the runs ended here lately (`EndedRuns`: a DELETE
+reaches one worker, whose resyncs keep saying so). A run's latest reply's tool_call_ids go too, so that the
 scheduler recognises its next turn by them (scheduler/run_identity.py). After any reconnect, `resync_request` is sent before the
 Turns stream reopens and before anything is admitted again, split over messages of at most
 1 MiB (`resync_chunks`) so that its size never matters.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from luftpause.lifecycle import RUN_IDLE_EXPIRY_S, Phase, pauses_run, phase_after_turn
+from luftpause.lifecycle import RUN_IDLE_EXPIRY_S, EndedRuns, Phase, pauses_run, phase_after_turn
 from luftpause.proto import pb
 
 _PB_PHASES = {Phase.IDLE: pb.IDLE, Phase.GENERATING: pb.GENERATING, Phase.PAUSED: pb.PAUSED}
@@ -54,10 +55,13 @@ class RunBook:
         self.runs: dict[str, BookedRun] = {}
         self.turns: dict[str, PlacedTurn] = {}
         self._turn_count: dict[str, int] = {}
+        self.ended = EndedRuns(idle_expiry_s)
 
     def placed(self, turn: PlacedTurn, now: float | None = None) -> None:
         """The scheduler placed `turn`: its run is generating there from now on."""
         now = time.monotonic() if now is None else now
+        # A turn of an id that ended: the id is in use again.
+        self.ended.discard(turn.run_id)
         if not _in_run_state(turn):
             # Still in flight for the resync, but no run is generating because of it.
             self.turns[turn.turn_id] = turn
@@ -79,6 +83,7 @@ class RunBook:
         kind = event.WhichOneof("event")
         if kind == "run_ended":
             self.forget_run(event.run_id)
+            self.ended.add(event.run_id, now)
             return
         run = self.runs.get(event.run_id)
         if run is not None:
@@ -100,8 +105,10 @@ class RunBook:
         self.runs.pop(run_id, None)
 
     def prune(self, now: float | None = None) -> int:
-        """Forgets runs with no turn for 30 minutes, as the scheduler does; returns how many went."""
+        """Forgets runs with no turn for 30 minutes, as the scheduler does, and runs ended as long
+        ago; returns how many runs went."""
         now = time.monotonic() if now is None else now
+        self.ended.prune(now)
         stale = [
             r.run_id
             for r in self.runs.values()
@@ -139,6 +146,7 @@ class RunBook:
                 )
                 for t in self.turns.values()
             ],
+            ended_runs=list(self.ended),
         )
 
     def resync_chunks(
@@ -158,16 +166,17 @@ class RunBook:
 
 
 def split_resync(request: pb.ResyncRequest, max_bytes: int = RESYNC_CHUNK_BYTES) -> list[pb.ResyncRequest]:
-    """The runs and turns of `request`, in order, over messages of at most about `max_bytes`
+    """The runs, turns and ended runs of `request`, in order, over messages of at most about `max_bytes`
     each: gRPC refuses a message over its limit (4 MiB by default), and a busy dataplane's view
     grows past that within the idle window. Always at least one message, so an empty view is
     still said."""
     chunks = [pb.ResyncRequest()]
     size = 0
-    for field, items in (("runs", request.runs), ("turns", request.turns)):
+    fields = (("runs", request.runs), ("turns", request.turns), ("ended_runs", request.ended_runs))
+    for field, items in fields:
         for item in items:
             # The item, its field tag and its length prefix.
-            cost = item.ByteSize() + 6
+            cost = (len(item.encode()) if isinstance(item, str) else item.ByteSize()) + 6
             if size and size + cost > max_bytes:
                 chunks.append(pb.ResyncRequest())
                 size = 0

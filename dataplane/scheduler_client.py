@@ -396,6 +396,9 @@ class SchedulerClient:
                         self._reserved(batch)
                     for placement in batch.placements:
                         self._placed(placement)
+                    # Runs whose DELETE reached another worker (or dataplane): out of this book.
+                    for run_id in batch.ended_runs:
+                        self.runs.forget_run(run_id)
                     if batch.nothing_held is not self._nothing_held:
                         self._told(batch.nothing_held)
                 log.warning("scheduler ended the turns stream; reconnecting")

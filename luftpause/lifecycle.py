@@ -7,18 +7,22 @@ runtime's turns read them from here, so a change to one is made in one place:
   results, to the replica that holds its prefix (`pauses_run`), and which phase a run is in
   once one of its turns has ended (`phase_after_turn`);
 - how long a run with no turn is remembered before its next turn starts afresh
-  (`RUN_IDLE_EXPIRY_S`);
+  (`RUN_IDLE_EXPIRY_S`), and how long, and how many, ended runs are remembered as ended
+  (`EndedRuns`), so that a book still holding one (another worker's) cannot bring it back;
 - the headers that carry a turn's run, class and caller, the class names, and how long a caller
   may be (`CALLER_MAX_BYTES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from enum import StrEnum
 
 # A run with no turn for this long is forgotten; its next turn starts without affinity.
 RUN_IDLE_EXPIRY_S = 30 * 60.0
+# At most this many ended runs are remembered as ended (the oldest go first); each for
+# RUN_IDLE_EXPIRY_S, by when every book has let the run go for being idle.
+ENDED_RUNS_KEPT = 100_000
 
 RUN_ID_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"
@@ -59,3 +63,48 @@ def pauses_run(finish_reason: str, tool_call_ids: Collection[str]) -> bool:
     """Whether a completed reply leaves its run paused on a tool rather than idle."""
     # Some engines say "stop" while returning tool calls; the calls are what make the run come back.
     return finish_reason == "tool_calls" or bool(tool_call_ids)
+
+
+class EndedRuns:
+    """The ids of runs ended lately (a DELETE, the agent's end of its run), oldest first.
+
+    A run's turns may go through several dataplane workers, each with a book of its own, and a
+    DELETE reaches one of them. The one that took it keeps the id here and says so in its
+    resyncs; the scheduler keeps the ids it hears of here too, tells every other stream, and
+    leaves such a run out of any resync that still names it. An id is kept RUN_IDLE_EXPIRY_S,
+    at most ENDED_RUNS_KEPT of them; a new turn of the same id takes it out (the id is reused).
+    """
+
+    def __init__(self, keep_s: float = RUN_IDLE_EXPIRY_S, most: int = ENDED_RUNS_KEPT) -> None:
+        self._keep_s = keep_s
+        self._most = most
+        self._at: dict[str, float] = {}
+
+    def add(self, run_id: str, now: float) -> bool:
+        """Remembers `run_id` as ended at `now`; whether it was not already remembered (one that
+        was keeps its first time, so that hearing of it again does not keep it longer)."""
+        if run_id in self._at:
+            return False
+        self._at[run_id] = now
+        while len(self._at) > self._most:
+            del self._at[next(iter(self._at))]
+        return True
+
+    def discard(self, run_id: str) -> None:
+        self._at.pop(run_id, None)
+
+    def prune(self, now: float) -> None:
+        while self._at:
+            oldest = next(iter(self._at))
+            if now - self._at[oldest] < self._keep_s:
+                break
+            del self._at[oldest]
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._at
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)

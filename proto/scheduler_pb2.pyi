@@ -193,16 +193,18 @@ class Reservation(_message.Message):
     def __init__(self, id: _Optional[str] = ..., replica: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SchedulerBatch(_message.Message):
-    __slots__ = ("placements", "nothing_held", "reservations", "revoked")
+    __slots__ = ("placements", "nothing_held", "reservations", "revoked", "ended_runs")
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     NOTHING_HELD_FIELD_NUMBER: _ClassVar[int]
     RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
     nothing_held: bool
     reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
     revoked: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., nothing_held: _Optional[bool] = ..., reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ..., revoked: _Optional[_Iterable[str]] = ...) -> None: ...
+    ended_runs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., nothing_held: _Optional[bool] = ..., reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ..., revoked: _Optional[_Iterable[str]] = ..., ended_runs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunState(_message.Message):
     __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s", "tool_call_ids")
@@ -241,12 +243,14 @@ class InFlightTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[ReplicaKind, str]] = ...) -> None: ...
 
 class ResyncRequest(_message.Message):
-    __slots__ = ("runs", "turns")
+    __slots__ = ("runs", "turns", "ended_runs")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunState]
     turns: _containers.RepeatedCompositeFieldContainer[InFlightTurn]
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunState, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ...) -> None: ...
+    ended_runs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunState, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ..., ended_runs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
     __slots__ = ("runs", "turns")

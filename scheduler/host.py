@@ -39,6 +39,7 @@ from luftpause import counts, http_server, tracing
 from luftpause.bearer import bearer_matches
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
+from luftpause.lifecycle import EndedRuns
 from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
@@ -80,6 +81,7 @@ class Link:
         "ready",
         "closed",
         "foreign_logged",
+        "ended",
     )
 
     def __init__(self, dataplane: str = "") -> None:
@@ -95,6 +97,8 @@ class Link:
         self.closed = False
         # Whether a report on another dataplane's turn has been logged for this stream (once).
         self.foreign_logged = False
+        # Runs ended elsewhere, for the dataplane to drop from its book (SchedulerBatch.ended_runs).
+        self.ended: list[str] = []
 
     def answer(self, action: Place | Refuse) -> None:
         self.waiting.pop(action.turn_id, None)
@@ -113,6 +117,11 @@ class Link:
         self.revoked.extend(action.reservation_ids)
         self.ready.set()
 
+    def end(self, run_ids: Sequence[str]) -> None:
+        """The runs ended through another stream: this one's dataplane is told to let them go."""
+        self.ended.extend(run_ids)
+        self.ready.set()
+
     def tell(self, nothing_held: bool) -> None:
         """The scheduler now holds no turn (True) or holds some (False): the dataplane is told,
         in a message of its own if no placement is going out."""
@@ -126,10 +135,13 @@ class Link:
         out, self.outbox = self.outbox, []
         if not self.closed:
             self.ready.clear()
-        if not out and self.told and not self.reserved and not self.revoked:
+        if not out and self.told and not self.reserved and not self.revoked and not self.ended:
             return None
         self.told = True
         batch = pb.SchedulerBatch(placements=out, nothing_held=self.nothing_held)
+        if self.ended:
+            batch.ended_runs.extend(self.ended)
+            self.ended = []
         if self.reserved or self.revoked:
             batch.reservations.extend(self.reserved)
             batch.revoked.extend(self.revoked)
@@ -195,6 +207,10 @@ class SchedulerHost:
         # Each dataplane's latest stream: where its reservations go.
         self._link_of: dict[str, Link] = {}
         self._nothing_held = True
+        # Runs ended lately, wherever their DELETE landed; and per dataplane, the ended runs its
+        # last resync still named, for its stream to be told when it opens.
+        self.ended = EndedRuns()
+        self._left_out: dict[str, list[str]] = {}
         # Counted for the metrics as decisions are carried out (the gauges are read from the state).
         self.counts = HostCounts()
         # Held turns per class, sampled every tick: the status page's chart.
@@ -303,6 +319,7 @@ class SchedulerHost:
     def used_reservation(self, used: ev.ReservationUsed, traceparent: str) -> None:
         """A turn the dataplane sent on a reservation, without asking: fed to the core, and with
         tracing on given the admit span it would otherwise lack, held 0 ms."""
+        self.ended.discard(used.turn.run_id)
         self.feed(used)
         if tracing.TRACER is not None:
             attributes = _admit_attributes(used.turn.turn_id, used.turn.run_id)
@@ -331,6 +348,8 @@ class SchedulerHost:
             run_id = self.identity.run_of(echoed)
             if run_id is not None:
                 arrived = dataclasses.replace(arrived, run_id=run_id)
+        # A turn of an id that ended: the id is in use again.
+        self.ended.discard(arrived.run_id)
         owner = self._waiting.get(arrived.turn_id)
         self._waiting[arrived.turn_id] = link
         link.waiting[arrived.turn_id] = arrived.run_id
@@ -341,15 +360,42 @@ class SchedulerHost:
         self.feed(arrived)
 
     def report(self, event: ev.Event) -> None:
-        """A turn event from a dataplane; a reply's tool calls are remembered for its run's next turn."""
+        """A turn event from a dataplane; a reply's tool calls are remembered for its run's next
+        turn, and a run's end is told to every stream, as other workers' books may hold the run."""
+        if isinstance(event, ev.RunEnded):
+            self._run_ended(event.run_id, event.at)
+            return
         self.feed(event)
         if isinstance(event, ev.TurnCompleted) and event.tool_call_ids and event.run_id in self.state.runs:
             self.identity.remember(event.run_id, event.tool_call_ids)
 
+    def _run_ended(self, run_id: str, at: float) -> None:
+        """The run is over (a DELETE reached some dataplane): forgotten here, remembered as ended,
+        and every stream told so that no book keeps it."""
+        if self.ended.add(run_id, at):
+            for link in self._links:
+                link.end((run_id,))
+        if run_id in self.state.runs:
+            self.feed(ev.RunEnded(run_id, at))
+
     def resync(self, request: pb.ResyncRequest, dataplane: str) -> None:
         """Replaces what came through `dataplane` with its view (the core's `Resynced`), and the
-        tool_call_ids of the runs it names with its word on them."""
-        self.feed(resynced(request, self.clock(), dataplane))
+        tool_call_ids of the runs it names with its word on them. A run ended lately is left out
+        of it (its stream is told once it opens); the runs it says it ended are ended."""
+        now = self.clock()
+        self.ended.prune(now)
+        left_out = [r.run_id for r in request.runs if r.run_id in self.ended]
+        if left_out:
+            kept = [r for r in request.runs if r.run_id not in self.ended]
+            request = pb.ResyncRequest(runs=kept, turns=request.turns, ended_runs=request.ended_runs)
+            self._left_out[dataplane] = left_out
+            log.info("resync%s named %d runs ended lately: left out, its stream will be told",
+                     f" from {dataplane}" if dataplane else "", len(left_out))  # fmt: skip
+        else:
+            self._left_out.pop(dataplane, None)
+        self.feed(resynced(request, now, dataplane))
+        for run_id in request.ended_runs:
+            self._run_ended(run_id, now)
         seen = self._seen(dataplane)
         seen.resyncs, seen.runs, seen.turns = seen.resyncs + 1, len(request.runs), len(request.turns)
         self.counts.resyncs += 1
@@ -382,6 +428,9 @@ class SchedulerHost:
         self._links.add(link)
         previous = self._link_of.get(link.dataplane)
         self._link_of[link.dataplane] = link
+        left_out = self._left_out.pop(link.dataplane, None)
+        if left_out:
+            link.end(left_out)
         if previous is not None:
             # It reconnected while its old stream is still open here: what that one was granted is void.
             self.feed(ev.DataplaneLeft(link.dataplane, self.clock()))
@@ -417,6 +466,7 @@ class SchedulerHost:
         for name, seen in list(self.dataplanes.items()):
             if seen.gone_since is not None and now - seen.gone_since >= DATAPLANE_FORGET_S:
                 del self.dataplanes[name]
+                self._left_out.pop(name, None)
                 log.info("dataplane %r forgotten: no stream from it for %.0f s", name, now - seen.gone_since)
 
     def owns(self, link: Link, turn_id: str) -> bool:
@@ -618,6 +668,7 @@ class SchedulerService(rpc.SchedulerServicer):
         async for chunk in request_iterator:
             whole.runs.extend(chunk.runs)
             whole.turns.extend(chunk.turns)
+            whole.ended_runs.extend(chunk.ended_runs)
         dataplane = dataplane_of(context)
         self.host.resync(whole, dataplane)
         state = self.host.state

@@ -35,8 +35,10 @@ def _busy_book() -> RunBook:
         book.placed(turn, now=now)
         paused = pb.TurnCompleted(finish_reason="tool_calls", tool_call_ids=["call-1"])
         book.apply(pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, completed=paused), now=now)
-    # One turn still in flight, so both parts of the view are exercised.
+    # One turn still in flight and runs ended here, so every part of the view is exercised.
     book.placed(PlacedTurn("turn-open", "run-open", "fake-b", pb.INTERACTIVE, "caller-0", "m"), now=now)
+    for i in range(RUNS // 10):
+        book.apply(pb.TurnEvent(run_id=f"run-ended-{i:06d}", run_ended=pb.RunEnded()), now=now)
     return book
 
 

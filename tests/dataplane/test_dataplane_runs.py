@@ -99,3 +99,34 @@ def test_a_run_stays_generating_while_another_of_its_turns_runs():
     sync = book.resync_request(now=1.0)
     assert [r.phase for r in sync.runs] == [pb.GENERATING]
     assert [t.turn_id for t in sync.turns] == ["t2"]
+
+
+def test_a_run_ended_here_is_named_in_every_resync_for_30_minutes():
+    book = RunBook()
+    book.placed(_turn("t1"), now=10.0)
+    book.apply(_completed("t1", "tool_calls", ["call-1"]), now=11.0)
+    book.apply(pb.TurnEvent(run_id="run-1", run_ended=pb.RunEnded()), now=12.0)
+    assert list(book.resync_request(now=13.0).ended_runs) == ["run-1"]
+    assert list(book.resync_request(now=12.0 + 29 * 60).ended_runs) == ["run-1"]
+    assert list(book.resync_request(now=12.0 + 31 * 60).ended_runs) == []
+
+
+def test_a_new_turn_of_an_ended_run_id_uses_the_id_again():
+    book = RunBook()
+    book.apply(pb.TurnEvent(run_id="run-1", run_ended=pb.RunEnded()), now=1.0)
+    book.placed(_turn("t2"), now=2.0)
+    sync = book.resync_request(now=3.0)
+    assert [r.run_id for r in sync.runs] == ["run-1"] and list(sync.ended_runs) == []
+
+
+def test_ended_runs_are_remembered_up_to_a_bound_oldest_going_first():
+    from luftpause.lifecycle import EndedRuns
+
+    ended = EndedRuns(keep_s=60.0, most=3)
+    for k in range(5):
+        assert ended.add(f"run-{k}", now=float(k))
+    assert list(ended) == ["run-2", "run-3", "run-4"]
+    # Heard of again: not new, and kept from when it was first heard of.
+    assert not ended.add("run-2", now=50.0)
+    ended.prune(now=62.5)
+    assert list(ended) == ["run-3", "run-4"]

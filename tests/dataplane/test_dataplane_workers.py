@@ -7,6 +7,9 @@ new connection is the kernel's choice; the tests make it theirs by stopping one 
 - an agent that sends no run header keeps one run however its turns are spread over the workers;
 - a worker that dies is started again, and its resync leaves the other worker's turns in flight
   alone: the scheduler still counts them, and they finish;
+- a run ended (DELETE) through one worker is gone from every worker's book: a scheduler
+  restarted afterwards does not get it back from the worker that ran its turns, whether the
+  scheduler heard of the end before its restart or not at all;
 - stopping the dataplane stops every worker.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,6 +184,67 @@ def test_a_worker_dying_leaves_the_other_workers_turns_counted_and_they_finish(s
     assert streamed["status"] == 200
     assert str(streamed["body"]).rstrip().endswith("data: [DONE]")
     wait_until(lambda: stack.in_flight() == 0, timeout_s=10, what="the finished turn's slot freed")
+
+
+def _paused_runs_through(stack: Stack, pid: int, run_ids: list[str]) -> None:
+    """One turn of each run through worker `pid` alone, ending in a tool call: each run is paused."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "look it up"}], "tools": [LOOKUP],
+            "tool_choice": "required", "max_tokens": 8}  # fmt: skip
+    with OnlyWorker(stack, pid), httpx.Client(timeout=30) as client:
+        for run_id in run_ids:
+            reply = client.post(
+                f"{stack.url}/v1/chat/completions", json=body, headers={"x-luftpause-run-id": run_id}
+            )
+            assert reply.status_code == 200, reply.text
+    for run_id in run_ids:
+        wait_until(
+            lambda run_id=run_id: stack.run_phase(run_id) == "paused", timeout_s=10, what=f"{run_id} paused"
+        )
+
+
+def _end_runs_through(stack: Stack, pid: int, run_ids: list[str]) -> None:
+    with OnlyWorker(stack, pid), httpx.Client(timeout=30) as client:
+        for run_id in run_ids:
+            assert client.delete(f"{stack.url}/v1/runs/{run_id}").status_code == 204
+
+
+def _restart_scheduler(stack: Stack, between: Callable[[], None] = lambda: None) -> None:
+    """Stops the scheduler, does `between`, starts it again and waits for both workers' resyncs."""
+    stack.scheduler.stop()
+    between()
+    stack.scheduler.start()
+    stack.scheduler.wait_http(f"http://127.0.0.1:{stack.ports.status}/status")
+    names = [dataplane_name(lp_config.load(stack.config).dataplane, k) for k in (0, 1)]
+    wait_until(
+        lambda: stack.resyncs() == {n: (1, 1) for n in names}, timeout_s=20, what="both workers resynced"
+    )
+
+
+def test_a_run_ended_through_another_worker_does_not_come_back_after_a_scheduler_restart(stack: Stack):
+    first, second = stack.workers()
+    run_ids = [f"ended-{k}" for k in range(10)]
+    _paused_runs_through(stack, first, run_ids)
+    _end_runs_through(stack, second, run_ids)
+    wait_until(
+        lambda: all(stack.run_phase(r) is None for r in run_ids), timeout_s=10, what="the runs forgotten"
+    )
+    _restart_scheduler(stack)
+    assert {r: stack.run_phase(r) for r in run_ids} == dict.fromkeys(run_ids)
+    # An ended run's id may be used again: its new turn makes a run like any other.
+    _paused_runs_through(stack, second, run_ids[:1])
+    assert stack.run_phase(run_ids[0]) == "paused"
+
+
+def test_a_run_ended_while_the_scheduler_was_down_does_not_come_back(stack: Stack):
+    first, second = stack.workers()
+    run_ids = [f"ended-offline-{k}" for k in range(10)]
+    _paused_runs_through(stack, first, run_ids)
+    # The DELETE lands on the other worker while the scheduler is down: no stream to tell it on.
+    _restart_scheduler(stack, between=lambda: _end_runs_through(stack, second, run_ids))
+    assert {r: stack.run_phase(r) for r in run_ids} == dict.fromkeys(run_ids)
+    # The first worker's book let them go too: a second restart brings none of them back.
+    _restart_scheduler(stack)
+    assert {r: stack.run_phase(r) for r in run_ids} == dict.fromkeys(run_ids)
 
 
 def test_stopping_the_dataplane_stops_every_worker(stack: Stack):
