@@ -16,6 +16,7 @@ counts (back to zero). JSON and markdown under bench/results/.
 The other drills, each a module of its own with its own options after `--drill NAME`:
 
     luftpause bench faults --drill ports [--idle 10000] [--slowloris 300]    # bench/faults_ports.py
+    luftpause bench faults --drill engines [--seconds 40] [--clients 8]      # bench/faults_engines.py
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from luftpause.bench.soak import LoadedStack
 from luftpause.fake_mcp.server import CALLS_ENV
 
 # The drills beside the kills: `--drill NAME` runs that module's main with the options that follow.
-DRILLS = {"ports": "luftpause.bench.faults_ports"}
+DRILLS = {"ports": "luftpause.bench.faults_ports", "engines": "luftpause.bench.faults_engines"}
 VICTIMS = ("scheduler", "dataplane", "runtime", "fake-a", "fake-mcp")
 
 

@@ -1,7 +1,7 @@
 """A whole stack as real processes on loopback, for the failure contract, auth and decide.
 
 Processes: the scheduler, the dataplane (with `LUFTPAUSE_TOKEN` set), two scripted engines
-(`scripted_engine.py`: one answering as each request's script says, one reporting a queue so
+(`fake_engine/scripted.py`: one answering as each request's script says, one reporting a queue so
 every turn for it is held), a fake engine as a generative replica and another as a single-pass
 classifier. A third generative replica, "ghost", answered its first health probe and then
 closed its port; the scheduler probes only once every ten minutes, so it stays in rotation and
@@ -43,10 +43,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import Ports, Service, free_port, running, wait_until, write_config
 
+from luftpause.fake_engine import scripted
+
 TOKEN = "test-token-0123456789"
 ENGINE_KEY = "engine-key-for-scripted"
 HOSTED_KEY = "hosted-api-key"
-SCRIPTED_ENGINE = Path(__file__).resolve().parent / "scripted_engine.py"
+SCRIPTED_ENGINE = Path(scripted.__file__)
 
 
 class _HealthOnly(BaseHTTPRequestHandler):

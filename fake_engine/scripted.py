@@ -1,4 +1,5 @@
-"""A scripted engine, run as its own process, for the dataplane's end-to-end failure tests.
+"""A scripted engine, run as its own process: the broken replica of the dataplane's end-to-end
+failure tests and of the engine drill (bench/faults_engines.py).
 
 The fake engine models a healthy engine; this one misbehaves on request. Each chat completion
 says in its body (which the dataplane passes through unchanged) what the engine should do:
@@ -10,7 +11,7 @@ says in its body (which the dataplane passes through unchanged) what the engine 
               "hang"       a 200 stream of one chunk, then nothing until the client leaves
               "silent"     nothing at all, not even a status line, until the client leaves
               "headers"    a 200 stream's headers, then the connection closed without a byte
-              "garbage"    a 200 stream of bytes that are not server-sent events, then its end
+              "garbage"    a 200 stream of bytes that are not server-sent events, then [DONE]
     "tag":    a name the test finds its request by in the log
     "usage_raw": JSON text put verbatim as the reply's `usage` (a stream's in a last chunk with
               no choices, before [DONE]), so that a test can send numbers no encoder writes
@@ -23,7 +24,7 @@ running, more than the lookahead, so every turn for it is held. `--certfile/--ke
 request is answered with that script, whatever its body says (a replica broken for every turn);
 `POST /_always` with a body of a script name (or nothing, for none) changes that while it runs.
 
-    python tests/dataplane/scripted_engine.py --port 9999 [--busy] [--always S] [--certfile C --keyfile K]
+    python -m luftpause.fake_engine.scripted --port 9999 [--busy] [--always S] [--certfile C --keyfile K]
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ import uvicorn
 Scope = dict[str, Any]
 
 REFUSAL = {"error": {"message": "scripted refusal", "type": "scripted"}}
-GARBAGE = b"<html>\x00\xff not an event stream\r\n\r\n%PDF-1.4 \x89PNG garbage garbage\n\n"
+# Not events, but for the [DONE] that ends them: a reader that skips what it does not know sees
+# a stream that ran to its end.
+GARBAGE = b"<html>\x00\xff not an event stream\r\n\r\n%PDF-1.4 \x89PNG garbage garbage\n\ndata: [DONE]\n\n"
 _USAGE = "__scripted_usage__"
 
 
