@@ -399,3 +399,28 @@ def machine_settings(examples: int) -> Any:
         database=None if not explore else settings.default.database,
         suppress_health_check=[HealthCheck.too_slow],
     )
+
+
+def attained_as_each_was_placed(
+    before: Any, after: Any, placed: list[Any], tracks: Callable[[Any], bool] = lambda turn: True
+) -> list[dict[str, float]]:
+    """Each caller's attained service (scheduler/fairness.py) as each turn of `placed` (in the
+    order the decision placed them) was chosen: the state `before` the decision, plus what each
+    earlier placement charged its caller: its run's working set as the decision saw it (`after`,
+    else `before`), or for a turn outside a run (`tracks` false) or of a run not yet sized, its
+    request's estimate (scheduler/gate.py). For the property tests' fairness invariants."""
+    from luftpause.scheduler import fairness, gate
+
+    attained = dict(before.attained)
+    seen = []
+    for turn in placed:
+        seen.append(dict(attained))
+        run = (after.runs.get(turn.run_id) or before.runs.get(turn.run_id)) if tracks(turn) else None
+        if run is not None and run.working_set > 0:
+            tokens = run.working_set
+        else:
+            tokens = gate.estimated_working_set(
+                turn.request_bytes, turn.max_tokens, before.tokens_per_byte.get(turn.model)
+            )
+        attained[turn.caller] = fairness.attain(attained.get(turn.caller, fairness.NONE), tokens, after.now)
+    return seen

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from support import machine_settings
+from support import attained_as_each_was_placed, machine_settings
 
 from luftpause.scheduler import admission, fairness, gate
 from luftpause.scheduler.actions import Action, Place
@@ -243,23 +243,20 @@ class GateMachine(RuleBasedStateMachine):
             held = before.turns.get(turn.turn_id)
             return held.seq if held is not None else before.next_seq
 
-        def charge(turn: Turn) -> int:
-            # What a placement charges its caller (fairness.py): its run's size, else its estimate.
-            run = before.runs.get(turn.run_id)
-            if run is not None and run.working_set > 0:
-                return run.working_set
-            rate = before.tokens_per_byte.get(turn.model)
-            return gate.estimated_working_set(turn.request_bytes, turn.max_tokens, rate)
-
-        # Each caller's attained service as each placement was decided, from the state before.
-        attained = dict(before.attained)
+        # Each caller's attained service as each placement was decided.
+        standings = attained_as_each_was_placed(
+            before, self.state, [self.state.turns[p.turn_id] for p in places]
+        )
         waiting = [t for t in self.state.held() if pin(self.state, t.run_id) is None]
         for i, p in enumerate(places):
             placed = self.state.turns[p.turn_id]
+            attained = standings[i]
             if pin(before, placed.run_id) is None:
                 later = Counter(self.state.turns[q.turn_id].caller for q in places[i:])
 
-                def standing(caller: str, later: Counter[str] = later) -> tuple[float, int]:
+                def standing(
+                    caller: str, later: Counter[str] = later, attained: dict[str, float] = attained
+                ) -> tuple[float, int]:
                     return (attained.get(caller, fairness.NONE), counts[caller] - later[caller])
 
                 mine = (standing(placed.caller), arrival(placed))
@@ -267,8 +264,6 @@ class GateMachine(RuleBasedStateMachine):
                     if h.service_class is placed.service_class and h.model == placed.model:
                         theirs = (standing(h.caller), h.seq)
                         assert mine < theirs, f"{h.turn_id} ({h.caller}) was passed over by {placed.turn_id}"
-            key = attained.get(placed.caller, fairness.NONE)
-            attained[placed.caller] = fairness.attain(key, charge(placed), self.state.now)
 
     @invariant()
     def the_gates_indexes_agree_with_the_runs(self) -> None:

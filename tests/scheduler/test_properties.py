@@ -38,12 +38,12 @@ from dataclasses import dataclass, field, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from support import machine_settings
+from support import attained_as_each_was_placed, machine_settings
 
 from luftpause.fake_engine.engine import Engine, ModelRequest, Step
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.prefix_cache import Block
-from luftpause.scheduler import admission
+from luftpause.scheduler import admission, fairness
 from luftpause.scheduler.actions import Action, Place, Refuse, TurnExpired
 from luftpause.scheduler.core import RUN_IDLE_EXPIRY_S, TURN_TIMEOUT_S, decide, replay
 from luftpause.scheduler.events import (
@@ -103,7 +103,7 @@ def pinned_to(state: State, turn: Turn) -> str | None:
     replica = state.replicas.get(run.replica)
     if (
         replica is None
-        or not replica.healthy
+        or not replica.in_service
         or turn.model not in replica.models
         or replica.kind is not turn.kind
     ):
@@ -165,7 +165,7 @@ def room_for(state: State, name: str, service_class: ServiceClass) -> bool:
     started, and leaves one turn of lookahead to each paused interactive run, down to one. Others'
     requests a reading showed queued count against both."""
     replica = state.replicas[name]
-    if not replica.healthy:
+    if not replica.in_service:
         return False
     lookahead = replica.lookahead
     if lookahead <= 0:
@@ -184,7 +184,7 @@ def eligible(state: State, turn: Turn) -> list[str]:
     return [
         r.name
         for r in state.replicas_in_order()
-        if r.healthy and r.kind is turn.kind and turn.model in r.models
+        if r.in_service and r.kind is turn.kind and turn.model in r.models
     ]
 
 
@@ -429,10 +429,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.feed(TurnCompleted(turn.turn_id, turn.run_id, reason, 10, 5, ids, self.now))
 
     @precondition(lambda self: self._open(TurnStatus.PLACED))
-    @rule(data=st.data())
-    def fail(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), replica_fault=st.sampled_from((True, True, False)))
+    def fail(self, data: st.DataObject, replica_fault: bool) -> None:
+        """A turn fails, mostly by its replica's fault (which may get the replica ejected)."""
         turn = self.state.turns[data.draw(st.sampled_from(self._open(TurnStatus.PLACED)))]
-        self.feed(TurnFailed(turn.turn_id, turn.run_id, "engine broke", self.now))
+        self.feed(TurnFailed(turn.turn_id, turn.run_id, "engine broke", self.now, replica_fault))
 
     @precondition(lambda self: self._open(TurnStatus.PLACED))
     @rule(data=st.data(), streamed=st.booleans())
@@ -664,7 +665,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def a_turn_goes_only_to_a_healthy_replica_serving_its_model(self) -> None:
         for a in self.new_places():
             turn, replica = self.state.turns[a.turn_id], self.state.replicas[a.replica]
-            assert replica.healthy, f"{a.turn_id} placed on unhealthy {a.replica}"
+            assert replica.in_service, (
+                f"{a.turn_id} placed on {a.replica}, not in service (unhealthy or ejected)"
+            )
             assert replica.kind is turn.kind and turn.model in replica.models, (
                 f"{a.replica} does not serve it"
             )
@@ -699,7 +702,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 )
 
     @invariant()
-    def fewer_in_flight_and_then_earlier_goes_first(self) -> None:
+    def less_attained_then_fewer_in_flight_then_earlier_goes_first(self) -> None:
         places = self.new_places()
         counts = Counter(t.caller for t in self.state.turns.values() if t.status is TurnStatus.PLACED)
         # Turns free to go anywhere during the whole drain: not pinned now, and their run had no
@@ -719,12 +722,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             held = before.turns.get(turn.turn_id)
             return held.seq if held is not None else before.next_seq
 
+        # Each caller's attained service as each placement was decided: the least goes first.
+        standings = attained_as_each_was_placed(
+            before, self.state, [self.state.turns[p.turn_id] for p in places], _tracks
+        )
         for i, p in enumerate(places):
             placed = self.state.turns[p.turn_id]
             later = Counter(self.state.turns[q.turn_id].caller for q in places[i:])
 
-            def key(turn: Turn, later: Counter[str] = later) -> tuple[int, int]:
-                return (counts[turn.caller] - later[turn.caller], arrival(turn))
+            def key(
+                turn: Turn, later: Counter[str] = later, attained: dict[str, float] = standings[i]
+            ) -> tuple[float, int, int]:
+                return (
+                    attained.get(turn.caller, fairness.NONE),
+                    counts[turn.caller] - later[turn.caller],
+                    arrival(turn),
+                )
 
             for h in still_held:
                 # h could have gone where p went, at that moment: same kind and model, not pinned,
