@@ -33,7 +33,6 @@ from luftpause.dataplane import headers
 from luftpause.dataplane.errors import BadTurnRequest, TurnRefused
 from luftpause.dataplane.proxy import Answer, ProxiedTurn, Proxy
 from luftpause.dataplane.run_identity import new_run_id
-from luftpause.dataplane.sse import observe_completion
 from luftpause.proto import pb
 
 MIN_LABELS, MAX_LABELS = 2, 20
@@ -195,8 +194,8 @@ class Decide:
         if fetched is None:
             return
         content, upstream = fetched
-        proxy.ended(turn, observe_completion(content))
-        await answer.respond(content, upstream)
+        if await proxy.end_whole(turn, content, answer):
+            await answer.respond(content, upstream)
 
     async def _score(
         self,
@@ -222,11 +221,9 @@ class Decide:
         if fetched is None:
             return
         content, _ = fetched
-        proxy.ended(turn, observe_completion(content))
-        try:
-            reply = json.loads(content)
-        except ValueError:
-            reply = None
+        if not await proxy.end_whole(turn, content, answer):
+            return
+        reply = json.loads(content)
         usage = reply.get("usage") if isinstance(reply, dict) else None
         await answer.respond_json(
             {

@@ -386,15 +386,20 @@ class Proxy:
                 await self._relay_stream(turn, upstream, answer, client_left, hide_usage)
             else:
                 content = await self.read_whole(turn, upstream, answer, client_left)
-                if content is not None:
-                    observation = observe_completion(content)
-                    self.ended(turn, observation)
-                    if observation.unreadable:
-                        await answer.refuse(ReplicaUnreadable(turn.replica, observation.unreadable))
-                    else:
-                        await answer.respond(content, upstream)
+                if content is not None and await self.end_whole(turn, content, answer):
+                    await answer.respond(content, upstream)
         finally:
             await upstream.aclose()
+
+    async def end_whole(self, turn: ProxiedTurn, content: bytes, answer: Answer) -> bool:
+        """A reply read whole: how its turn ended is reported (`ended`); one that is not a JSON
+        object is answered with a 502 naming the replica, never passed on. Whether it may be."""
+        observation = observe_completion(content)
+        self.ended(turn, observation)
+        if observation.unreadable:
+            await answer.refuse(ReplicaUnreadable(turn.replica, observation.unreadable))
+            return False
+        return True
 
     async def exchange(
         self, turn: ProxiedTurn, request: EngineRequest, answer: Answer, client_left: asyncio.Future[None]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import pytest
 from real_stack import RealStack
 
@@ -148,4 +149,22 @@ def test_a_decide_turn_follows_the_failure_contract_too(real_stack: RealStack):
     assert r.status_code == 502
     assert r.json()["error"]["message"].startswith("engine ghost: connect to 127.0.0.1:")
     assert r.headers["x-luftpause-run-id"] == "decide-ghost"
+    assert real_stack.turns_counted("decide", "failed") == failed + 1
+
+
+def test_a_decide_reply_that_is_not_json_is_a_502_naming_the_replica(real_stack: RealStack):
+    failed = real_stack.turns_counted("decide", "failed")
+    always = f"http://127.0.0.1:{real_stack.scripted_port}/_always"
+    httpx.post(always, content=b"garbage", timeout=5).raise_for_status()
+    try:
+        with real_stack.client() as client:
+            r = client.post(
+                "/v1/decide", json={"model": "scripted-llama", "input": "x", "labels": ["a", "b"]}
+            )
+    finally:
+        httpx.post(always, content=b"", timeout=5).raise_for_status()
+    # Not scored as if the engine had offered no alternative: the engine's failure, said so.
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["message"].startswith("engine scripted: its reply is not a JSON object")
+    assert r.headers["x-luftpause-replica"] == "scripted"
     assert real_stack.turns_counted("decide", "failed") == failed + 1
