@@ -19,9 +19,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -424,3 +426,32 @@ def attained_as_each_was_placed(
             )
         attained[turn.caller] = fairness.attain(attained.get(turn.caller, fairness.NONE), tokens, after.now)
     return seen
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A stand-in's request handler: no log line per request, and one call for a whole answer."""
+
+    def answer(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class LoopbackServer:
+    """A stdlib HTTP server for a test's stand-in (a runtime, an engine, a hostile origin) on
+    127.0.0.1 (`port` 0: a free one), serving `handler` on a thread of its own until `close`."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

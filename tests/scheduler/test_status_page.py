@@ -20,13 +20,24 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
-from support import Ports, Service, free_port, running, sample, scrape, until, wait_until, write_config
+from support import (
+    LoopbackServer,
+    Ports,
+    QuietHandler,
+    Service,
+    free_port,
+    running,
+    sample,
+    scrape,
+    until,
+    wait_until,
+    write_config,
+)
 from test_prober import LLAMACPP_METRICS, LLAMACPP_SLOTS, _llamacpp
 from test_scheduler_process import MODEL, EngineStandIn
 from turns_stream import TurnsStream
@@ -89,11 +100,11 @@ MIXED = {
 }
 
 
-class _RuntimeStandIn:
+class _RuntimeStandIn(LoopbackServer):
     """Serves /tree/status and /flat/status with the CORS headers the runtime sends."""
 
     def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
                 doc = {
                     "/tree/status": WITH_TREE,
@@ -102,23 +113,10 @@ class _RuntimeStandIn:
                     "/gate/status": GATED,
                 }.get(self.path)
                 body = json.dumps(doc).encode() if doc is not None else b"{}"
-                self.send_response(200 if doc is not None else 404)
-                self.send_header("content-type", "application/json")
-                self.send_header("access-control-allow-origin", "*")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                headers = {"content-type": "application/json", "access-control-allow-origin": "*"}
+                self.answer(200 if doc is not None else 404, body, headers)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 class _Tables(HTMLParser):

@@ -13,14 +13,12 @@ Skipped, saying why, where no Chromium is installed (Debian: `apt-get install -y
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-from support import Ports, Service, free_port, running, write_config
+from support import LoopbackServer, Ports, QuietHandler, Service, free_port, running, write_config
 from test_status_page import CHROMIUM, _allowing, _render
 
 pytestmark = pytest.mark.skipif(
@@ -30,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 TOKEN = "s3cret-origins"
 
 
-class _Recorder:
+class _Recorder(LoopbackServer):
     """An HTTP server on its own loopback origin that records each request (method, path and
     Authorization header) and lets any origin read it with any header, as a hostile one would.
     `/moved/status` redirects to `redirect_to`."""
@@ -40,19 +38,17 @@ class _Recorder:
         self.redirect_to = ""
         recorder = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _answer(self, status: int, body: bytes = b"", location: str = "") -> None:
                 recorder.requests.append((self.command, self.path, self.headers.get("authorization")))
-                self.send_response(status)
-                self.send_header("access-control-allow-origin", self.headers.get("origin") or "*")
-                self.send_header("access-control-allow-headers", "authorization")
-                self.send_header("access-control-allow-credentials", "true")
-                if location:
-                    self.send_header("location", location)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                headers = {
+                    "access-control-allow-origin": self.headers.get("origin") or "*",
+                    "access-control-allow-headers": "authorization",
+                    "access-control-allow-credentials": "true",
+                    **({"location": location} if location else {}),
+                    "content-type": "application/json",
+                }
+                self.answer(status, body, headers)
 
             def do_OPTIONS(self) -> None:  # noqa: N802 (the stdlib's name)
                 self._answer(204)
@@ -63,16 +59,7 @@ class _Recorder:
                 else:
                     self._answer(200, json.dumps({"runs": []}).encode())
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture(scope="module")
