@@ -38,6 +38,13 @@ repeats that count both, lowest to highest) for interactive runs/min, interactiv
 is better), batch runs/min and turns served. A progress line every 10 s; the record (JSON,
 markdown) and a PNG (runs/min by class, per arm, host cache on and off) under bench/results/.
 
+With `--agents mcp` the agents are sub-agents instead (`loadgen.subagents`'s closed-loop flood:
+each agent spawns a run over MCP with the same opening, awaits it and spawns the next), one MCP
+session a class; each arm then runs fake-mcp (every call `--tool-latency-s`) and the runtime,
+its turns sent to the arm's front: `sglang-router` (the runtime straight to the router) or
+`luftpause` (the runtime through the dataplane). The model's reply decides the run's length
+there (the stand-in's plan), since the runtime loops as the model says.
+
     luftpause bench real_flood                      # 3 repeats x 8 stacks of 140 s: about an hour
     luftpause bench real_flood --repeats 1 --warmup-s 5 --window-s 30 --host-cache off   # ~3 min
 """
@@ -74,8 +81,11 @@ from luftpause.bench.sim.fidelity import (
     cpu_use,
 )
 from luftpause.loadgen.agents import LoadSpec, Tally, run_load
+from luftpause.loadgen.subagents import FloodSpec, flood
 
 ARMS = ("straight", "round-robin", "sglang-router", "luftpause")
+# Over MCP the runtime sends its sub-agents' turns to a front: the router's or luftpause's.
+MCP_ARMS = ("sglang-router", "luftpause")
 BASELINES = ("straight", "sglang-router")
 HOST_CACHE = ("on", "off")
 MODEL_NAME = "flood-model"
@@ -245,6 +255,8 @@ class ArmStack:
     """Where fronts and agents reach them: each engine's tool-calling stand-in."""
     front_url: str | None
     single_threaded: set[str] = field(default_factory=set)
+    runtime_url: str | None = None
+    """The runtime's MCP URL, with `--agents mcp`: its sub-agents' turns go to the front."""
 
 
 @contextmanager
@@ -315,9 +327,40 @@ def arm_stack(
             procs.start("dataplane", [*py, "dataplane", "--config", str(conf)])
             single |= {"scheduler", "dataplane"}
             _wait_healthy(f"{front_url}/health", procs)
-        yield ArmStack(arm, procs, real, engines, front_url, single)
+        runtime_url = None
+        if args.agents == "mcp":
+            assert front_url is not None, "sub-agents need a front: straight is own-loop only"
+            runtime_url = start_runtime(procs, py, logs, front_url, args.tool_latency_s)
+            single |= {"runtime", "fake-mcp"}
+        yield ArmStack(arm, procs, real, engines, front_url, single, runtime_url)
     finally:
         procs.stop()
+
+
+def runtime_config(directory: Path, *, port: int, front_url: str, fake_mcp: int) -> Path:
+    """The runtime's configuration for `--agents mcp`: its turns to `front_url` (the dataplane
+    or the router), the flood's model as spawn's default, fake-mcp its one tool server."""
+    path = directory / "runtime.toml"
+    path.write_text(
+        f'[runtime]\nport = {port}\ndataplane = "{front_url}"\ndefault_model = "{MODEL_NAME}"\n'
+        f'state_dir = "{directory / "runtime-state"}"\n\n'
+        f'[[runtime.mcp_servers]]\nname = "fake-mcp"\nurl = "http://127.0.0.1:{fake_mcp}/mcp"\n'
+    )
+    return path
+
+
+def start_runtime(procs: _Processes, py: list[str], logs: Path, front_url: str, tool_latency_s: float) -> str:
+    """Starts fake-mcp (every call `tool_latency_s`) and the runtime in front of `front_url`;
+    returns the runtime's MCP URL once it answers."""
+    mcp_port, port = _free_port(), _free_port()
+    procs.start(
+        "fake-mcp", [*py, "fake-mcp", "--port", str(mcp_port), "--fixed-latency-s", str(tool_latency_s)]
+    )
+    _wait_healthy(f"http://127.0.0.1:{mcp_port}/health", procs)
+    conf = runtime_config(logs, port=port, front_url=front_url, fake_mcp=mcp_port)
+    procs.start("runtime", [*py, "runtime", "--config", str(conf)])
+    _wait_healthy(f"http://127.0.0.1:{port}/status", procs)
+    return f"http://127.0.0.1:{port}/mcp"
 
 
 def _cpu_snapshot(pids: dict[str, int], core: int | None) -> CpuSnapshot:
@@ -331,9 +374,24 @@ def _cpu_snapshot(pids: dict[str, int], core: int | None) -> CpuSnapshot:
     )
 
 
-def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[str, LoadSpec]:
-    """The agents of one arm, by class."""
+def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[str, LoadSpec | FloodSpec]:
+    """The agents of one arm, by class: own-loop agents, or with `--agents mcp` closed-loop
+    spawners of sub-agents through the runtime (loadgen/subagents.py), one MCP session a class."""
     counts = {"interactive": args.interactive, "batch": args.batch}
+    if s.runtime_url is not None:
+        return {
+            cls: FloodSpec(
+                url=s.runtime_url,
+                agents=counts[cls],
+                duration_s=args.window_s,
+                service_class=cls,
+                context_chars=args.context_chars,
+                seed=seed,
+                warmup_s=args.warmup_s,
+            )
+            for cls in CLASSES
+            if counts[cls] > 0
+        }
     return {
         cls: LoadSpec(
             url=s.front_url or s.serving_urls[0],
@@ -368,13 +426,17 @@ def progress_line(label: str, elapsed: float, warmup_s: float, tallies: dict[str
 
 
 async def drive(
-    s: ArmStack, load: dict[str, LoadSpec], args: argparse.Namespace, cores: Cores, label: str
+    s: ArmStack, load: dict[str, LoadSpec | FloodSpec], args: argparse.Namespace, cores: Cores, label: str
 ) -> dict[str, Any]:
     """Runs the agents through the stack; the window's figures, counters and CPU use."""
     started = time.monotonic()
     tallies = {cls: Tally(started=started) for cls in load}
     tasks = {
-        cls: asyncio.create_task(run_load(spec, tallies[cls], progress_every_s=None))
+        cls: asyncio.create_task(
+            flood(spec, tallies[cls], progress_every_s=None)
+            if isinstance(spec, FloodSpec)
+            else run_load(spec, tallies[cls], progress_every_s=None)
+        )
         for cls, spec in load.items()
     }
     window_start = started + args.warmup_s
@@ -548,7 +610,8 @@ def _share(value: float | None) -> str:
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     lines = [
-        f"The flood against real llama.cpp: {args.batch} batch + {args.interactive} interactive own-loop agents "
+        f"The flood against real llama.cpp: {args.batch} batch + {args.interactive} interactive "
+        f"{'sub-agents over MCP (the runtime in front of each arm)' if args.agents == 'mcp' else 'own-loop agents'} "
         f"({args.min_tool_calls}-{args.max_tool_calls} tool calls of {args.tool_latency_s:g} s a run, "
         f"~{args.context_chars} characters of context, max_tokens {args.max_tokens}), {args.replicas} llama-server "
         f"x {args.slots} slots of {args.slot_context} tokens; window {args.window_s:g} s after {args.warmup_s:g} s, "
@@ -671,7 +734,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window-s", type=float, default=120.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=1, help="the agents' seed of repeat 1; repeat r adds r - 1")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated (default {','.join(ARMS)})")
+    p.add_argument(
+        "--arms",
+        help=f"comma-separated (default {','.join(ARMS)}; with --agents mcp {','.join(MCP_ARMS)})",
+    )
+    p.add_argument(
+        "--agents",
+        choices=("own-loop", "mcp"),
+        default="own-loop",
+        help="own-loop agents (default), or sub-agents spawned and awaited over MCP through the runtime",
+    )
     p.add_argument("--context-chars", type=int, default=8000)
     p.add_argument("--tool-latency-s", type=float, default=2.0)
     p.add_argument("--min-tool-calls", type=int, default=1)
@@ -689,9 +761,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if not arms or any(a not in ARMS for a in arms) or args.repeats < 1:
-        parser.error(f"arms must be among {', '.join(ARMS)}; repeats at least 1")
+    allowed = MCP_ARMS if args.agents == "mcp" else ARMS
+    arms = [a.strip() for a in (args.arms or ",".join(allowed)).split(",") if a.strip()]
+    if not arms or any(a not in allowed for a in arms) or args.repeats < 1:
+        parser.error(
+            f"arms must be among {', '.join(allowed)} (with --agents {args.agents}); repeats at least 1"
+        )
     if not 0 <= args.min_tool_calls <= args.max_tool_calls:
         parser.error("--min-tool-calls must be between 0 and --max-tool-calls")
     binary = find_llama_server(args.llama_server)

@@ -12,7 +12,8 @@ of its first user message), so the agent and this proxy agree without a word bet
 every front sees the same runs. The engine did all the work (prefill and decode, as many tokens
 as it was asked): only the reply's form changes. Usage and everything else pass through as the
 engine wrote them, and every other route (`/health`, `/metrics`, `/slots`, `/props`) is passed
-through unchanged. A streamed reply is rewritten chunk by chunk as a model streams a tool call
+through unchanged, but for the routes the SGLang router reads a worker's model from
+(`worker_info`). A streamed reply is rewritten chunk by chunk as a model streams a tool call
 (`stream_chunk`): the engine's first token becomes the call's opening (its id and name), its later
 tokens carry nothing, and its last chunk the call's arguments and the finish reason, so the first
 token comes when the engine's does.
@@ -130,6 +131,19 @@ def build_app(engine: str, tool_calls: tuple[int, int]) -> FastAPI:
     app = FastAPI()
     # On the app's state so that a test can put its own engine there.
     app.state.engine_client = httpx.AsyncClient(base_url=engine, timeout=None)
+
+    async def worker_info(request: Request) -> dict[str, Any]:
+        """What the SGLang router asks a worker for its model (`/model_info`, `/server_info`),
+        which llama-server does not serve: its model as its `/v1/models` names it. Without it the
+        router lists the model as "unknown", and the runtime, which asks the front's
+        `/v1/models`, refuses a spawn naming the real one."""
+        client: httpx.AsyncClient = request.app.state.engine_client
+        listed = (await client.get("/v1/models")).json()
+        name = str(listed["data"][0]["id"])
+        return {"model_path": name, "served_model_name": name, "tokenizer_path": name, "is_generation": True}
+
+    for route in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        app.add_api_route(route, worker_info, methods=["GET"])
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "DELETE"])
     async def forward(path: str, request: Request) -> Response:

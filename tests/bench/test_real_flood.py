@@ -18,6 +18,7 @@ import pytest
 from luftpause import config
 from luftpause.bench import real_flood
 from luftpause.bench.sim.fidelity import _free_port, _Processes, _wait_healthy
+from luftpause.loadgen.subagents import FloodSpec
 from luftpause.scheduler import gate
 
 # What the real binary's /metrics said after three turns (llama-server from tools/llamacpp.sh).
@@ -200,6 +201,34 @@ def test_only_the_straight_arm_pins_runs_and_only_luftpause_hears_their_end() ->
         assert spec.end_runs is (arm == "luftpause")
         assert (spec.tool_calls, spec.max_tokens, spec.stream, spec.context_chars) == ((1, 3), 32, True, 8000)
         assert spec.model == real_flood.MODEL_NAME and spec.caller == "flood-batch"
+
+
+def test_over_mcp_the_runtime_spawns_the_floods_model_and_each_class_is_a_sub_agent_flood(
+    tmp_path: Path,
+) -> None:
+    path = real_flood.runtime_config(tmp_path, port=9300, front_url="http://127.0.0.1:9202", fake_mcp=9301)
+    runtime = config.load(path).runtime
+    assert (runtime.port, runtime.dataplane, runtime.default_model) == (
+        9300,
+        "http://127.0.0.1:9202",
+        real_flood.MODEL_NAME,
+    )
+    assert [(m.name, m.url) for m in runtime.mcp_servers] == [("fake-mcp", "http://127.0.0.1:9301/mcp")]
+    urls = ["http://127.0.0.1:1"]
+    s = real_flood.ArmStack("luftpause", _Processes(tmp_path), urls, urls, "http://127.0.0.1:3", set(),
+                            "http://127.0.0.1:4/mcp")  # fmt: skip
+    load = real_flood.specs("luftpause", s, _args(batch=3, interactive=1, agents="mcp"), "7")
+    assert {cls: (spec.url, spec.agents, spec.service_class) for cls, spec in load.items()} == {
+        "interactive": ("http://127.0.0.1:4/mcp", 1, "interactive"),
+        "batch": ("http://127.0.0.1:4/mcp", 3, "batch"),
+    }
+    assert all(isinstance(spec, FloodSpec) and spec.seed == "7" for spec in load.values())
+
+
+def test_over_mcp_only_the_arms_with_a_front_are_offered(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        real_flood.main(["--agents", "mcp", "--arms", "straight,luftpause"])
+    assert "arms must be among sglang-router, luftpause (with --agents mcp)" in capsys.readouterr().err
 
 
 def test_the_agents_are_driven_through_a_stack_with_progress_counters_and_the_cpu_check(

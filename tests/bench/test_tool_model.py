@@ -89,3 +89,23 @@ def test_a_streamed_reply_opens_the_call_with_the_engines_first_token_and_finish
     # The run's last turn: the text passes, and it stops.
     last, _ = tool_model.stream_chunk(chunks[3], planned, planned, False)
     assert last["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.asyncio
+async def test_the_sglang_routers_worker_info_names_the_engines_model():
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(
+                200, json={"object": "list", "data": [{"id": "flood-model", "object": "model"}]}
+            )
+        return httpx.Response(404, text="llama-server has no such route")
+
+    app = tool_model.build_app("http://engine", (1, 3))
+    app.state.engine_client = httpx.AsyncClient(
+        transport=httpx.MockTransport(engine), base_url="http://engine"
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+        for route in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+            info = (await client.get(route)).json()
+            assert info["model_path"] == info["served_model_name"] == "flood-model", route
+        assert (await client.get("/props")).status_code == 404  # the rest still passed through
