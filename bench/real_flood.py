@@ -56,6 +56,7 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -388,6 +389,8 @@ def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[st
                 context_chars=args.context_chars,
                 seed=seed,
                 warmup_s=args.warmup_s,
+                # As the own-loop agents' turns: spawn's default (256) is 8x the replies' length.
+                max_tokens=args.max_tokens,
             )
             for cls in CLASSES
             if counts[cls] > 0
@@ -758,6 +761,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A SIGTERM unwinds like an interrupt, so that every stack's processes are stopped on the way
+    # out (before, they were left running); the handler before is put back afterwards.
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -130,6 +130,8 @@ class FloodSpec:
     seed: str = ""
     warmup_s: float = 0.0
     caller: str = "(the MCP session)"
+    max_tokens: int | None = None
+    """Each run's `maxTokens` (spawn's own default when None)."""
 
 
 async def _flood_agent(
@@ -142,8 +144,9 @@ async def _flood_agent(
         started = time.monotonic()
         tally.in_flight += 1
         try:
+            limit = {} if spec.max_tokens is None else {"maxTokens": spec.max_tokens}
             handle = await spawn(
-                client, user["content"], system=system["content"], serviceClass=spec.service_class
+                client, user["content"], system=system["content"], serviceClass=spec.service_class, **limit
             )
             live.add(handle)
             (run,) = await collect(client, [handle])

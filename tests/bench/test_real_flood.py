@@ -222,7 +222,9 @@ def test_over_mcp_the_runtime_spawns_the_floods_model_and_each_class_is_a_sub_ag
         "interactive": ("http://127.0.0.1:4/mcp", 1, "interactive"),
         "batch": ("http://127.0.0.1:4/mcp", 3, "batch"),
     }
-    assert all(isinstance(spec, FloodSpec) and spec.seed == "7" for spec in load.values())
+    assert all(
+        isinstance(spec, FloodSpec) and spec.seed == "7" and spec.max_tokens == 32 for spec in load.values()
+    )
 
 
 def test_over_mcp_only_the_arms_with_a_front_are_offered(capsys: pytest.CaptureFixture[str]) -> None:
