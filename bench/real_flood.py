@@ -25,6 +25,11 @@ arms, each a fresh stack, interleaved within each repeat:
 - `luftpause`: the scheduler and dataplane, replicas `metrics = "llamacpp"`, `kv_slots` the
   engines' slots, `host_cache` as the engines run, `engine_priority = "none"` (llama.cpp has no
   priority queue: only admission orders the classes); runs end with `DELETE /v1/runs/{id}`.
+- `luftpause-gated` (only when asked for, and only with the host cache on): the same, its
+  replicas declared `host_cache = false` whatever the engines keep, so the run gate holds one
+  run a slot as it does with the host cache off. It is the other setting of the gate, the point
+  of the frontier (interactive against batch) that the default leaves out where the engines keep
+  prefixes themselves; with the host cache off it is the `luftpause` arm and is not run twice.
 
 Per arm and repeat: interactive runs/min and run time p50 and p99, batch and all runs/min, turns
 served in the window, the engines' prompt-cache share in the window (the growth of
@@ -87,6 +92,9 @@ from luftpause.loadgen.subagents import FloodSpec, flood
 ARMS = ("straight", "round-robin", "sglang-router", "luftpause")
 # Over MCP the runtime sends its sub-agents' turns to a front: the router's or luftpause's.
 MCP_ARMS = ("sglang-router", "luftpause")
+# Arms run only when named: the gate's other setting with the host cache on (a frontier point).
+GATED = "luftpause-gated"
+OURS = ("luftpause", GATED)
 BASELINES = ("straight", "sglang-router")
 HOST_CACHE = ("on", "off")
 MODEL_NAME = "flood-model"
@@ -314,14 +322,15 @@ def arm_stack(
             argv = sglang_router.command(front, engines, policy="cache_aware", prometheus_port=_free_port())
             router = procs.start("router", [*cores.stack_prefix(), *argv])
             sglang_router.wait_ready(str(front_url), engines, alive=lambda: router.poll() is None)
-        elif arm == "luftpause":
+        elif arm in OURS:
             conf = luftpause_config(
                 logs,
                 ports,
                 grpc=_free_port(),
                 status=_free_port(),
                 dataplane=front,
-                host_cache=host_cache,
+                # The gated arm declares no host cache, so the gate holds a run a slot.
+                host_cache=host_cache and arm != GATED,
                 slots=args.slots,
             )
             procs.start("scheduler", [*py, "scheduler", "--config", str(conf)])
@@ -411,7 +420,7 @@ def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[st
             max_tokens=args.max_tokens,
             tool_calls=(args.min_tool_calls, args.max_tool_calls),
             pin_urls=tuple(s.serving_urls) if arm == "straight" else (),
-            end_runs=arm == "luftpause",
+            end_runs=arm in OURS,
         )
         for cls in CLASSES
         if counts[cls] > 0
@@ -528,14 +537,16 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
-def ratios(rows: list[dict[str, Any]], baseline: str, host_cache: str) -> dict[str, Any]:
-    """luftpause over `baseline` with the host cache `host_cache`: per repeat where both rows
-    count (and the baseline finished an interactive run), each of RATIO_KEYS; then the median
-    and spread of each."""
+def ratios(
+    rows: list[dict[str, Any]], baseline: str, host_cache: str, arm: str = "luftpause"
+) -> dict[str, Any]:
+    """`arm` (one of ours) over `baseline` with the host cache `host_cache`: per repeat where both
+    rows count (and the baseline finished an interactive run), each of RATIO_KEYS; then the
+    median and spread of each."""
     per_repeat = []
     for r in sorted({row["repeat"] for row in rows}):
         of = {row["arm"]: row for row in rows if (row["repeat"], row["host_cache"]) == (r, host_cache)}
-        ours, theirs = of.get("luftpause"), of.get(baseline)
+        ours, theirs = of.get(arm), of.get(baseline)
         if ours is None or theirs is None:
             continue
         entry: dict[str, Any] = {"repeat": r}
@@ -549,7 +560,12 @@ def ratios(rows: list[dict[str, Any]], baseline: str, host_cache: str) -> dict[s
         entry["why_not"] = "; ".join(left_out) or None
         per_repeat.append(entry)
     counted = [e for e in per_repeat if e["counts"]]
-    summary: dict[str, Any] = {"baseline": baseline, "host_cache": host_cache, "repeats": per_repeat}
+    summary: dict[str, Any] = {
+        "arm": arm,
+        "baseline": baseline,
+        "host_cache": host_cache,
+        "repeats": per_repeat,
+    }
     summary["counted"] = len(counted)
     for key in RATIO_KEYS:
         summary[key] = _spread([e[key] for e in counted if e[key] is not None])
@@ -652,15 +668,16 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[s
             )
     lines += [
         "",
-        "luftpause over each baseline, median (lowest-highest) over the repeats where both count "
+        "Each of our arms over each baseline, median (lowest-highest) over the repeats where both count "
         "(interactive p50: below 1 is faster):",
         "",
-        "| host cache | over | interactive runs/min | interactive p50 | batch runs/min | turns | counted | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| host cache | arm | over | interactive runs/min | interactive p50 | batch runs/min | turns | counted | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["ratios"]:
         lines.append(
-            f"| {r['host_cache']} | {r['baseline']} | {_spread_cell(r['interactive_runs_per_min'])} | "
+            f"| {r['host_cache']} | {r.get('arm', 'luftpause')} | {r['baseline']} | "
+            f"{_spread_cell(r['interactive_runs_per_min'])} | "
             f"{_spread_cell(r['interactive_p50_s'])} | {_spread_cell(r['batch_runs_per_min'])} | "
             f"{_spread_cell(r['turns'])} | {r['counted']} of {len(r['repeats'])} | {r['verdict']} |"
         )
@@ -696,7 +713,7 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     fig, axes = plt.subplots(1, len(hosts), figsize=(5.5 * len(hosts), 3.6), squeeze=False)
     width = 0.38
     for ax, host in zip(axes[0], hosts, strict=True):
-        arms = [a for a in ARMS if any((r["host_cache"], r["arm"]) == (host, a) for r in rows)]
+        arms = [a for a in (*ARMS, GATED) if any((r["host_cache"], r["arm"]) == (host, a) for r in rows)]
         for k, (cls, colour) in enumerate((("interactive", "#d9480f"), ("batch", "#495057"))):
             key = f"{cls}_runs_per_min"
             values = [
@@ -739,7 +756,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="the agents' seed of repeat 1; repeat r adds r - 1")
     p.add_argument(
         "--arms",
-        help=f"comma-separated (default {','.join(ARMS)}; with --agents mcp {','.join(MCP_ARMS)})",
+        help=f"comma-separated (default {','.join(ARMS)}; with --agents mcp {','.join(MCP_ARMS)}; "
+        f"either may add {GATED}, the gate holding a run a slot with the host cache on)",
     )
     p.add_argument(
         "--agents",
@@ -760,6 +778,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def arms_for(arms: Sequence[str], host: str) -> list[str]:
+    """The arms run with the host cache `host`: the gated arm only where it is on (off, it is
+    the luftpause arm's very stack)."""
+    return [a for a in arms if a != GATED or host == "on"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # A SIGTERM unwinds like an interrupt, so that every stack's processes are stopped on the way
     # out (before, they were left running); the handler before is put back afterwards.
@@ -774,8 +798,9 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    allowed = MCP_ARMS if args.agents == "mcp" else ARMS
-    arms = [a.strip() for a in (args.arms or ",".join(allowed)).split(",") if a.strip()]
+    default = MCP_ARMS if args.agents == "mcp" else ARMS
+    allowed = (*default, GATED)
+    arms = [a.strip() for a in (args.arms or ",".join(default)).split(",") if a.strip()]
     if not arms or any(a not in allowed for a in arms) or args.repeats < 1:
         parser.error(
             f"arms must be among {', '.join(allowed)} (with --agents {args.agents}); repeats at least 1"
@@ -809,7 +834,7 @@ def _main(argv: Sequence[str] | None) -> int:
     rows: list[dict[str, Any]] = []
     failed = False
     began = time.monotonic()
-    stacks = args.repeats * len(hosts) * len(arms)
+    stacks = args.repeats * sum(len(arms_for(arms, host)) for host in hosts)
     print(
         f"real_flood: {stacks} stacks of {args.warmup_s + args.window_s:g} s; llama-server {binary}, "
         f"model {model}; {placement}",
@@ -819,7 +844,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         for r in range(args.repeats):
             for host in hosts:
-                for arm in arms if r % 2 == 0 else list(reversed(arms)):
+                these = arms_for(arms, host)
+                for arm in these if r % 2 == 0 else list(reversed(these)):
                     label = f"repeat {r + 1}/{args.repeats}, host cache {host}, {arm}"
                     print(
                         f"real_flood [{time.monotonic() - began:5.0f} s] {label}: starting",
@@ -860,10 +886,12 @@ def _main(argv: Sequence[str] | None) -> int:
         "placement": placement,
         "medians": medians(rows),
         "ratios": [
-            ratios(rows, baseline, host)
+            ratios(rows, baseline, host, ours)
             for host in hosts
+            for ours in arms_for(arms, host)
+            if ours in OURS
             for baseline in BASELINES
-            if baseline in arms and "luftpause" in arms
+            if baseline in arms
         ],
     }
     text = report(args, rows, summary)

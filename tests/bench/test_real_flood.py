@@ -85,6 +85,35 @@ def test_the_luftpause_arm_declares_llamacpp_replicas_with_their_slots_and_host_
             assert gate.mode(r) == ("off: host cache" if host_cache else "slots")
 
 
+def test_the_gated_arm_holds_a_run_a_slot_and_runs_only_where_the_host_cache_is_on(tmp_path: Path) -> None:
+    """The gate's other setting: the engines keep a host cache, the config says they do not."""
+    arms = ["straight", "luftpause", real_flood.GATED]
+    assert real_flood.arms_for(arms, "on") == arms
+    assert real_flood.arms_for(arms, "off") == ["straight", "luftpause"]  # off, it is luftpause's stack
+    rows = [
+        _row(0, "on", "straight", 4, 20, 20),
+        _row(0, "on", "luftpause", 5, 19, 16),
+        _row(0, "on", real_flood.GATED, 8, 16, 10),
+    ]
+    ours, gated = (
+        real_flood.ratios(rows, "straight", "on"),
+        real_flood.ratios(rows, "straight", "on", real_flood.GATED),
+    )
+    assert (ours["arm"], ours["interactive_runs_per_min"]["median"]) == ("luftpause", 1.25)
+    assert (
+        gated["arm"],
+        gated["interactive_runs_per_min"]["median"],
+        gated["batch_runs_per_min"]["median"],
+    ) == (
+        real_flood.GATED,
+        2.0,
+        0.8,
+    )
+    summary = {"placement": "-", "medians": real_flood.medians(rows), "ratios": [ours, gated]}
+    text = real_flood.report(_args(repeats=1), rows, summary)
+    assert f"| on | {real_flood.GATED} | straight | 2.00 |" in text
+
+
 def test_the_cache_share_is_cached_over_cached_plus_prefilled_in_the_window() -> None:
     before = real_flood.parse_counters(METRICS)
     assert before == {"prompt_tokens": 1423.0, "cached_tokens": 4257.0, "prefill_s": 0.337155}
@@ -177,7 +206,7 @@ def test_the_report_has_every_row_the_medians_and_the_ratios(tmp_path: Path) -> 
     text = real_flood.report(_args(repeats=2), rows, summary)
     assert text.count("\n| 1 | ") == 8 and "| 2 | off | luftpause |" in text
     assert "| off | luftpause | 8.00 | 12.00 | 24.00 | 20.00 | 280.00 | 0.50 | 1 |" in text
-    assert "| on | sglang-router | 1.14 |" in text  # luftpause's 8 interactive runs/min over 7
+    assert "| on | luftpause | sglang-router | 1.14 |" in text  # luftpause's 8 interactive runs/min over 7
     assert "Not counted: repeat 2 off luftpause: CPU saturated" in text
     rows.append(_row(1, "off", "straight", 0, 20, 11))
     rows[-2]["counts"] = True
@@ -230,7 +259,10 @@ def test_over_mcp_the_runtime_spawns_the_floods_model_and_each_class_is_a_sub_ag
 def test_over_mcp_only_the_arms_with_a_front_are_offered(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         real_flood.main(["--agents", "mcp", "--arms", "straight,luftpause"])
-    assert "arms must be among sglang-router, luftpause (with --agents mcp)" in capsys.readouterr().err
+    assert (
+        "arms must be among sglang-router, luftpause, luftpause-gated (with --agents mcp)"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_agents_are_driven_through_a_stack_with_progress_counters_and_the_cpu_check(
