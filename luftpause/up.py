@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from luftpause import config as cfg
-from luftpause import lifeline
+from luftpause import lifeline, tracing
 
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.2
@@ -435,6 +435,11 @@ def up(
         conf = cfg.load(config_path)
     except cfg.ConfigError as e:
         print(f"luftpause: {e}", file=sys.stderr)
+        return 2
+    try:
+        tracing.settings()  # every service reads the same variables: refuse them once, here
+    except tracing.SettingsError as e:
+        print(f"luftpause up: cannot start, nothing was started: tracing: {e}", file=sys.stderr)
         return 2
     if with_fakes is None:
         with_fakes = config_path is None

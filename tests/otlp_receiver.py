@@ -1,18 +1,23 @@
-"""A small OTLP/HTTP trace receiver for the tests: `POST /v1/traces`, decoded with `opentelemetry-proto`.
+"""A small OTLP trace receiver for the tests, over either protocol, decoded with `opentelemetry-proto`.
 
-It listens on a free loopback port in a thread of its own and keeps every span it is sent, with
-the `service.name` of the resource that sent it; `endpoint` is what OTEL_EXPORTER_OTLP_ENDPOINT
-must say for the services' exporters to reach it.
+Over `http/protobuf` (the default) it answers `POST /v1/traces` on a free loopback port in a
+thread of its own; over `grpc` it is a real gRPC server of the collector's TraceService
+(`Export`), as a collector listens on 4317. Either way it keeps every span it is sent, with the
+`service.name` of the resource that sent it; `endpoint` is what OTEL_EXPORTER_OTLP_ENDPOINT must
+say for the services' exporters to reach it (and `env` the variables, the protocol's among them).
 """
 
 from __future__ import annotations
 
 import gzip
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -39,10 +44,25 @@ def _value(v: AnyValue) -> Any:
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, protocol: str = "http/protobuf") -> None:
+        self.protocol = protocol
         self.spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
+        self._grpc: grpc.Server | None = None
         receiver = self
+        if protocol == "grpc":
+
+            class Service(trace_service_pb2_grpc.TraceServiceServicer):
+                def Export(
+                    self, request: ExportTraceServiceRequest, context: Any
+                ) -> ExportTraceServiceResponse:  # noqa: N802 (the service's method)
+                    receiver.take(request)
+                    return ExportTraceServiceResponse()
+
+            self._grpc = grpc.server(ThreadPoolExecutor(max_workers=4))
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self._grpc)
+            self._grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+            return
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (the http.server API)
@@ -69,7 +89,13 @@ class OtlpReceiver:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        port = self._grpc_port if self._grpc is not None else self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The exporter variables that send a service's spans here, over this receiver's protocol."""
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": self.protocol}
 
     def take(self, request: ExportTraceServiceRequest) -> None:
         got = []
@@ -96,9 +122,15 @@ class OtlpReceiver:
             return list(self.spans)
 
     def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
+        if self._grpc is not None:
+            self._grpc.start()
+        else:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=None)
+            return
         self._server.shutdown()
         self._server.server_close()

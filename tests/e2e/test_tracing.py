@@ -1,5 +1,5 @@
 """One trace across the three services: a whole stack (`luftpause up --with-fakes`) exporting to an
-OTLP receiver of the test's own (tests/otlp_receiver.py).
+OTLP receiver of the test's own (tests/otlp_receiver.py), over OTLP/HTTP and over OTLP/gRPC.
 
 A harness spawns a sub-agent that makes two tool calls, its MCP request carrying a `traceparent`
 of its own in `_meta`. What an operator must find in that one trace, linked by parent ids: the
@@ -49,11 +49,16 @@ def by_service(spans: list[ReceivedSpan], service: str, name: str) -> list[Recei
 
 
 @pytest.mark.timeout(180)
-async def test_a_sub_agent_run_is_one_trace_across_runtime_dataplane_scheduler_and_tool_server(tmp_path):
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+async def test_a_sub_agent_run_is_one_trace_across_runtime_dataplane_scheduler_and_tool_server(
+    tmp_path, protocol
+):
+    """Over either OTLP protocol, as OTEL_EXPORTER_OTLP_PROTOCOL names it: a collector's default
+    setup listens for gRPC (4317), the specification's default is OTLP/HTTP (4318)."""
     ports = Ports()
-    with OtlpReceiver() as receiver:
+    with OtlpReceiver(protocol) as receiver:
         # A short batch delay, so that the spans arrive while the test waits rather than in 5 s.
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        env = {**receiver.env, "OTEL_BSP_SCHEDULE_DELAY": "100"}
         up = start_up(write_config(tmp_path, ports), tmp_path / "up.log", env=env)
         try:
             async with Client(f"http://127.0.0.1:{ports.runtime}/mcp", mode="legacy") as client:
@@ -262,3 +267,74 @@ def test_tracing_is_off_without_an_endpoint_and_then_loads_no_sdk():
     on_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     on = subprocess.run([sys.executable, "-c", probe], env=on_env, capture_output=True, text=True, check=True)
     assert on.stdout.split() == ["True", "True"]
+
+
+def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A process that sets tracing up as a service does and says what sampler and exporter it got."""
+    probe = (
+        "from opentelemetry import trace; from luftpause import tracing; tracing.setup('luftpause-x'); "
+        "p = trace.get_tracer_provider(); "
+        "print(p.sampler.get_description(), type(p._active_span_processor._span_processors[0].span_exporter).__module__)"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run([sys.executable, "-c", probe], env={**base, **env}, capture_output=True, text=True)
+
+
+def test_the_protocol_and_sampler_variables_are_honoured_and_the_traces_ones_win():
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    http = _probe(endpoint)
+    assert http.returncode == 0, http.stderr
+    assert http.stdout.split() == ["ParentBased{root:AlwaysOnSampler,remoteParentSampled:AlwaysOnSampler,"
+                                   "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,"
+                                   "localParentNotSampled:AlwaysOffSampler}",
+                                   "opentelemetry.exporter.otlp.proto.http.trace_exporter"]  # fmt: skip
+    ratio = _probe({**endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_SAMPLER": "traceidratio",
+                    "OTEL_TRACES_SAMPLER_ARG": "0.1"})  # fmt: skip
+    assert ratio.returncode == 0, ratio.stderr
+    assert ratio.stdout.split() == [
+        "TraceIdRatioBased{0.1}",
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    ]
+    # The traces' own protocol variable is read before the general one, as the specification says.
+    traces = _probe({**endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"})  # fmt: skip
+    assert traces.stdout.split()[-1] == "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+
+
+@pytest.mark.parametrize(
+    ("variables", "said"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grcp"}, "OTEL_EXPORTER_OTLP_PROTOCOL='grcp' is not a protocol"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, "'http/json' is not a protocol luftpause can export "
+                                                              "traces over (the Python OTLP exporters do not speak it)"),
+        ({"OTEL_TRACES_SAMPLER": "jaeger_remote"}, "OTEL_TRACES_SAMPLER='jaeger_remote' is not a sampler"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "ten"}, "OTEL_TRACES_SAMPLER_ARG='ten' is not a ratio"),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"}, "'1.5' is not a ratio"),
+    ],
+)  # fmt: skip
+def test_a_tracing_variable_that_cannot_be_honoured_stops_the_service_naming_it(variables, said):
+    """Where the SDK would log a warning and export some other way (or not at all), the service
+    refuses to start, and says which variable, what it said and what it may say."""
+    got = _probe({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", **variables})
+    assert got.returncode == 1 and got.stdout == ""
+    assert got.stderr.startswith("luftpause-x: tracing: ") and said in got.stderr
+    assert "use one of" in got.stderr or "give a number from 0 to 1" in got.stderr
+
+
+def test_up_refuses_an_unknown_protocol_before_starting_anything(tmp_path):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {
+        **base,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift",
+    }
+    config = write_config(tmp_path, Ports())
+    got = subprocess.run([sys.executable, "-m", "luftpause", "up", "--config", str(config)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert got.returncode == 2
+    assert (
+        "luftpause up: cannot start, nothing was started: tracing: OTEL_EXPORTER_OTLP_PROTOCOL='thrift'"
+        in got.stderr
+    )
+    assert "use one of http/protobuf, grpc" in got.stderr
+    assert "started" not in got.stdout
