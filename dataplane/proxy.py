@@ -41,7 +41,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause import tracing
+from luftpause import logs, tracing
 from luftpause.dataplane import headers, limits, priority, usage
 from luftpause.dataplane.body import with_first_member
 from luftpause.dataplane.engine_client import (
@@ -269,6 +269,11 @@ class Proxy:
         """
         if tracing.TRACER is not None:
             _open_span(tracing.TRACER, turn)
+        with logs.about(run_id=turn.run_id, turn_id=turn.id, span=turn.span):
+            await self._run_turn(turn, answer, receive, work)
+            log.debug("turn %s of run %s ended (%s)", turn.id, turn.run_id, turn.replica or "never placed")
+
+    async def _run_turn(self, turn: ProxiedTurn, answer: Answer, receive: Receive, work: TurnWork) -> None:
         client_left = asyncio.ensure_future(_client_disconnect(receive))
         try:
             placement = await self.place(turn, answer, client_left)

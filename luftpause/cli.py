@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from pydantic import ValidationError
@@ -18,10 +19,19 @@ from luftpause import __version__, config, lifeline, logs
 
 def _load_config(args: argparse.Namespace) -> config.Config:
     try:
-        return config.load(args.config)
+        conf = config.load(args.config)
     except config.ConfigError as e:
         print(f"luftpause: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    # The config's [logging] format, where neither --log-format nor the environment chose one.
+    if not args.log_format_given and conf.logging.format != os.environ.get(logs.FORMAT_ENV):
+        logs.configure(args.log_level, conf.logging.format, service_name(args.command))
+    return conf
+
+
+def service_name(command: str) -> str:
+    """What a command's log lines (and spans) name their service: luftpause-dataplane."""
+    return f"luftpause-{command}"
 
 
 def _scheduler(args: argparse.Namespace) -> None:
@@ -89,6 +99,8 @@ def _up(args: argparse.Namespace) -> None:
     from luftpause.up import up
 
     with_fakes = True if args.with_fakes else None
+    if args.config:
+        _load_config(args)  # its [logging] format is up's, and so its services'
     raise SystemExit(
         up(config_path=args.config, state_dir=args.state_dir, with_fakes=with_fakes, log_level=args.log_level)
     )
@@ -164,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=logs.LEVELS,
         default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default INFO); below DEBUG, HTTP client lines are left out",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=logs.FORMATS,
+        default=None,
+        help=f"text (the default) or json, one object a line with trace ids (also {logs.FORMAT_ENV}, "
+        "[logging] format); passed on to the services up starts",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -306,7 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     lifeline.watch_parent()
-    logs.configure(args.log_level)
+    args.log_format_given = args.log_format or os.environ.get(logs.FORMAT_ENV)
+    try:
+        log_format = logs.chosen_format(args.log_format)
+    except ValueError as e:
+        print(f"luftpause: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logs.configure(args.log_level, log_format, service_name(args.command))
     args.func(args)
 
 

@@ -262,12 +262,19 @@ def _embedded_replicas() -> list[Replica]:
     ]
 
 
+class LoggingSettings(_Strict):
+    # "text", a line for a person, or "json", an object a line for a collector (luftpause/logs.py);
+    # `--log-format` and LUFTPAUSE_LOG_FORMAT, where given, come first.
+    format: Literal["text", "json"] = "text"
+
+
 class Config(_Strict):
     """The whole file. Each section is optional; a missing one takes the embedded defaults."""
 
     scheduler: SchedulerSettings = SchedulerSettings()
     dataplane: DataplaneSettings = DataplaneSettings()
     runtime: RuntimeSettings = RuntimeSettings()
+    logging: LoggingSettings = LoggingSettings()
     replicas: list[Replica] = Field(default_factory=_embedded_replicas, min_length=1)
     # Host names (or addresses) the services' HTTP routes answer to besides those the config
     # names itself and the loopback ones; ["*"]: any (luftpause/hosts.py).

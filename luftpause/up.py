@@ -21,6 +21,7 @@ without staying up stops the stack, with its last lines of output. Ctrl-C, SIGTE
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -37,9 +38,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from luftpause import config as cfg
-from luftpause import lifeline, tracing
+from luftpause import lifeline, logs, tracing
 
 READY_TIMEOUT_S = 60.0
+
 POLL_S = 0.2
 STOP_GRACE_S = 5.0
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -48,6 +50,14 @@ MAX_RESTARTS = 5
 STABLE_S = 60.0
 # Lines of a child's output kept to say why it died.
 TAIL_LINES = 20
+
+
+def _is_object(line: str) -> bool:
+    """Whether `line` is a JSON object (a service's line in the json log format)."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -86,13 +96,19 @@ class Child:
         self.relay.start()
 
     def _relay(self, proc: subprocess.Popen, out: TextIO, out_lock: threading.Lock) -> None:
-        """Copies the child's output to ours, each line behind the service's name."""
+        """Copies the child's output to ours, each line behind the service's name; in the json
+        log format each line as the object it is (a line that is not one, such as a crash's
+        traceback, goes in one of the child's own)."""
         assert proc.stdout is not None
+        as_json = os.environ.get(logs.FORMAT_ENV) == "json"
         for raw in proc.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             self.tail.append(line)
+            shown = f"{self.name:<10}| {line}"
+            if as_json:
+                shown = line if line.startswith("{") and _is_object(line) else logs.json_line(self.name, line)
             with out_lock:
-                print(f"{self.name:<10}| {line}", file=out, flush=True)
+                print(shown, file=out, flush=True)
 
     @property
     def pid(self) -> int | None:
@@ -329,6 +345,8 @@ class Supervisor:
         self.show(f"[luftpause up] {line}")
 
     def show(self, text: str) -> None:
+        if os.environ.get(logs.FORMAT_ENV) == "json":
+            text = logs.json_line("luftpause-up", text.removeprefix("[luftpause up] "))
         with self._out_lock:
             print(text, file=self.out, flush=True)
 

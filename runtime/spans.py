@@ -22,7 +22,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-from luftpause import tracing
+from luftpause import logs, tracing
 from luftpause.lifecycle import TRACEPARENT_HEADER
 from luftpause.runtime import budgets
 from luftpause.runtime.run import Run
@@ -57,12 +57,14 @@ def start_run(run: Run) -> None:
 
 @contextlib.contextmanager
 def running(run: Run) -> Iterator[None]:
-    """The run's span is the current one while its loop runs (its turns' and calls' parent)."""
-    if run.span is None:
-        yield
-        return
-    with trace.use_span(run.span, record_exception=False, set_status_on_exception=False):
-        yield
+    """The run's span is the current one while its loop runs (its turns' and calls' parent), and
+    the run is what the loop's log lines are about (their trace ids: the current span's)."""
+    with logs.about(run_id=run.handle):
+        if run.span is None:
+            yield
+            return
+        with trace.use_span(run.span, record_exception=False, set_status_on_exception=False):
+            yield
 
 
 def end_run(run: Run) -> None:

@@ -269,17 +269,22 @@ def running(*services: Service) -> Iterator[tuple[Service, ...]]:
             s.stop()
 
 
-def up_command(config_path: Path) -> list[str]:
-    return [sys.executable, "-m", "luftpause", "up", "--config", str(config_path), "--with-fakes"]
+def up_command(config_path: Path, log_level: str = "INFO") -> list[str]:
+    return [sys.executable, "-m", "luftpause", "--log-level", log_level, "up", "--config", str(config_path),
+            "--with-fakes"]  # fmt: skip
 
 
 def start_up(
-    config_path: Path, log: Path, timeout_s: float = 60.0, env: dict[str, str] | None = None
+    config_path: Path,
+    log: Path,
+    timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+    log_level: str = "INFO",
 ) -> subprocess.Popen:
     """Starts `luftpause up --config F --with-fakes` and waits for its banner; fails if it exits."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            up_command(config_path),
+            up_command(config_path, log_level),
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
