@@ -28,6 +28,9 @@
   and paused runs keep their replica however long their tools take, as before the run gate.
 - `luftpause-gate-always`: the gate holding runs however few of them the pool keeps warm
   (`gate_min_runs = 1`): the ablation that shows where holding them stops paying.
+- `luftpause-gated`: on engines with a host tier, replicas declared without one, so the run gate
+  holds runs as it does where the pool is all there is (on slot engines, one run a slot): the
+  gate's other setting, as the real flood's arm of that name.
 - `luftpause-no-engine-priority`: the same on engines that are not told priorities (llama.cpp,
   or an SGLang replica not declared `engine_priority`): luftpause's own queue is all the
   reordering there is.
@@ -223,6 +226,8 @@ class Luftpause(Arm):
     reads_kv = True
     # The gate's fewest runs a pool must keep warm (None: the default, config.GATE_MIN_RUNS).
     gate_min_runs: int | None = None
+    # Whether its replicas declare the host tier their engines keep (False: declared none).
+    declares_host_cache = True
 
     def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
         super().__init__(replicas, clock)
@@ -243,7 +248,7 @@ class Luftpause(Arm):
                 lookahead=LOOKAHEAD if self.lookahead is None else self.lookahead,
                 gate_min_runs=GATE_MIN_RUNS if self.gate_min_runs is None else self.gate_min_runs,
                 kv_slots=engine.slots if engine.slot_kv else None,
-                host_cache=engine.host_cache_tokens > 0,
+                host_cache=self.declares_host_cache and engine.host_cache_tokens > 0,
             )
             for name in self.order
         )
@@ -346,6 +351,11 @@ class LuftpauseGateAlways(Luftpause):
     gate_min_runs = 1
 
 
+class LuftpauseGated(Luftpause):
+    name = "luftpause-gated"
+    declares_host_cache = False
+
+
 class LuftpauseFreeMoving(Luftpause):
     name = "luftpause-free-moving"
     strict_affinity = False
@@ -379,6 +389,7 @@ ARMS: dict[str, type[Arm]] = {
         Luftpause,
         LuftpauseNoRunGate,
         LuftpauseGateAlways,
+        LuftpauseGated,
         LuftpauseFreeMoving,
         LuftpauseNoEnginePriority,
         LuftpauseNoLoadMetrics,

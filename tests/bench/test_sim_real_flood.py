@@ -9,12 +9,13 @@ from dataclasses import replace
 import pytest
 
 from luftpause.bench.sim import cli, peers
-from luftpause.bench.sim.arms import Luftpause
+from luftpause.bench.sim.arms import ARMS, Luftpause
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.run import simulate
 from luftpause.bench.sim.scenarios import REAL_FLOOD_ARMS, SCENARIOS
 from luftpause.fake_engine.params import LLAMACPP_ONE_CORE, EngineParams
+from luftpause.scheduler import gate
 
 TINY = replace(SCENARIOS["real-flood"], batch_agents=3, interactive_agents=1, warmup_s=5.0, window_s=40.0)
 
@@ -73,3 +74,17 @@ def test_the_cli_prints_the_real_benchs_figures(capsys: pytest.CaptureFixture[st
 def test_the_host_cache_flag_is_for_llamacpp_scenarios_only() -> None:
     with pytest.raises(SystemExit):
         cli.main(["flood", "--host-cache", "on", "--no-record"])
+
+
+def test_the_gated_arm_holds_a_run_a_slot_where_the_engines_keep_a_host_tier() -> None:
+    clock = VirtualClock()
+    replicas = [SimReplica("a", LLAMACPP_ONE_CORE, clock)]
+    default, gated = Luftpause(replicas, clock), ARMS["luftpause-gated"](replicas, clock)
+    assert gate.mode(default.state.replicas["a"]) == "off: host cache"
+    assert gate.mode(gated.state.replicas["a"]) == "slots"
+    # Ten runs to a replica of four slots: the gated arm keeps each held run's slot for it, so
+    # the engines evict less and interactive runs, first at the gate, end more often.
+    full = replace(TINY, batch_agents=16, interactive_agents=4)
+    off, on = simulate(full, "luftpause", seed=1), simulate(full, "luftpause-gated", seed=1)
+    assert on.tokens_evicted < off.tokens_evicted
+    assert on.interactive_runs_per_min > off.interactive_runs_per_min
