@@ -20,9 +20,11 @@ With `--workers 1,2`, the luftpause arm is run once per worker count, each its o
 (`luftpause dataplane --workers N`, arms `luftpause` and `luftpause-2w`) beside the others, all
 sharing the one scheduler. With `--profile`, one more luftpause pass runs under py-spy (dataplane
 and scheduler) and the functions the dataplane spends its time in are printed. With `--tracing`,
-an arm `luftpause-traced` runs beside them on a scheduler and a dataplane of its own that export
-every span (OTEL_EXPORTER_OTLP_ENDPOINT) to an OTLP sink on loopback (otlp_sink.py); the spans it
-received are counted in the record.
+two arms run beside them, each on a scheduler and a dataplane of its own exporting its spans
+(OTEL_EXPORTER_OTLP_ENDPOINT) to an OTLP sink of its own on loopback (otlp_sink.py):
+`luftpause-traced` every span, `luftpause-sampled` with the sampler a busy deployment would set
+(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `_ARG=0.1`: a tenth of the turns' traces); the
+spans each sink received are counted in the record.
 
     luftpause bench proxy_overhead [--engine fake|canned] [--turns 2000] [--concurrency 1,64]
                                    [--repeats 1] [--arms direct,router,luftpause] [--workers 1]
@@ -513,7 +515,7 @@ def stack(
             router_url = f"http://127.0.0.1:{router_port}"
             wait_for("the SGLang router to take its worker", lambda: _chat_ok(router_url), servers)
             made["router"] = Arm("router", router_url, [router], lambda i: {})
-        if any(a.startswith("luftpause") and a != TRACED for a in arms):
+        if any(a.startswith("luftpause") and a not in TRACING_ARMS for a in arms):
             scheduler = Server(
                 "scheduler",
                 [py, "-m", "luftpause", "--log-level", "WARNING", "scheduler", "--config", str(config)],
@@ -552,49 +554,69 @@ def stack(
                     # One run per stream, as agents with their own loop would send.
                     lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"},
                 )
-        if TRACED in arms:
-            made[TRACED] = _traced_arm(work, engine_port, servers)
+        for arm in TRACING_ARMS:
+            if arm in arms:
+                made[arm] = _tracing_arm(arm, work, engine_port, servers)
         yield made, servers
     finally:
         for server in reversed(servers):
             server.stop()
 
 
-# The arm with tracing on: a scheduler and a dataplane of its own, exporting every span over
-# OTLP/HTTP (batched, as luftpause/tracing.py sets it up) to a sink on loopback.
+# The arms with tracing on: each a scheduler and a dataplane of its own, exporting spans over
+# OTLP/HTTP (batched, as luftpause/tracing.py sets it up) to a sink of its own on loopback; the
+# second samples a tenth of the traces, as the SDK's variables say.
 TRACED = "luftpause-traced"
+SAMPLED = "luftpause-sampled"
+TRACING_ARMS: dict[str, dict[str, str]] = {
+    TRACED: {},
+    SAMPLED: {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+}
 
 
-def _traced_arm(work: Path, engine_port: int, servers: list[Server]) -> Arm:
+def _suffix(arm: str) -> str:
+    """What a tracing arm's processes are named after: scheduler-traced, otlp-sink-sampled."""
+    return arm.removeprefix("luftpause-")
+
+
+def _scheduler_of(arm: str) -> str:
+    return f"scheduler-{_suffix(arm)}" if arm in TRACING_ARMS else "scheduler"
+
+
+def _tracing_arm(arm: str, work: Path, engine_port: int, servers: list[Server]) -> Arm:
     py = sys.executable
+    suffix = _suffix(arm)
     sink_port, grpc_port, status_port, dataplane_port = free_port(), free_port(), free_port(), free_port()
-    config = _config(work, engine_port, grpc_port, status_port, dataplane_port, "luftpause-traced.toml")
+    config = _config(work, engine_port, grpc_port, status_port, dataplane_port, f"{arm}.toml")
     sink = Server(
-        "otlp-sink", [py, "-m", "luftpause.bench.otlp_sink", "--port", str(sink_port)], work / "sink.log"
+        f"otlp-sink-{suffix}",
+        [py, "-m", "luftpause.bench.otlp_sink", "--port", str(sink_port)],
+        work / f"sink-{suffix}.log",
     )
     servers.append(sink.start())
-    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}", "LUFTPAUSE_TOKEN": TOKEN}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}", "LUFTPAUSE_TOKEN": TOKEN,
+           **TRACING_ARMS[arm]}  # fmt: skip
     scheduler, dataplane = (
         Server(
-            f"{role}-traced",
+            f"{role}-{suffix}",
             [py, "-m", "luftpause", "--log-level", "WARNING", role, "--config", str(config)],
-            work / f"{role}-traced.log",
-            env=traced,
+            work / f"{role}-{suffix}.log",
+            env=env,
         )
         for role in ("scheduler", "dataplane")
     )
     servers.extend((scheduler.start(), dataplane.start()))
     url = f"http://127.0.0.1:{dataplane_port}"
     auth = {"authorization": f"Bearer {TOKEN}"}
-    wait_for("the traced dataplane", lambda: _chat_ok(url, auth), servers)
+    wait_for(f"the {suffix} dataplane", lambda: _chat_ok(url, auth), servers)
     return Arm(
-        TRACED, url, [dataplane, scheduler], lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"}
+        arm, url, [dataplane, scheduler], lambda i: {**auth, "x-luftpause-run-id": f"bench-stream-{i}"}
     )
 
 
-def spans_exported(servers: list[Server]) -> int:
-    """What the sink of the traced arm has received."""
-    port = next(s for s in servers if s.name == "otlp-sink").argv[-1]
+def spans_exported(servers: list[Server], arm: str) -> int:
+    """What the sink of the tracing arm `arm` has received."""
+    port = next(s for s in servers if s.name == f"otlp-sink-{_suffix(arm)}").argv[-1]
     # The exporters send a batch every 5 s (OTEL_BSP_SCHEDULE_DELAY): the count is taken once two
     # readings a batch period apart agree, or after 30 s.
     deadline = time.monotonic() + 30.0
@@ -623,7 +645,7 @@ def run(
         at = arms.index("luftpause")
         arms = [*arms[:at], *(luftpause_arm(w) for w in workers), *arms[at + 1 :]]
     if tracing:
-        arms = [*arms, TRACED]
+        arms = [*arms, *TRACING_ARMS]
     work = Path(tempfile.mkdtemp(prefix="luftpause-proxy-overhead-"))
     record: dict[str, Any] = {
         "engine": engine,
@@ -645,9 +667,10 @@ def run(
                     record["runs"].append(result)
                     print(_line(result), flush=True)
         if tracing:
-            # Every span the traced arm exported, once its last batches are in.
-            record["spans_exported"] = spans_exported(servers)
-            print(f"traced arm: {record['spans_exported']} spans received by the OTLP sink", flush=True)
+            # Every span each tracing arm exported, once its last batches are in.
+            record["spans_exported"] = {arm: spans_exported(servers, arm) for arm in TRACING_ARMS}
+            for arm, spans in record["spans_exported"].items():
+                print(f"{arm}: {spans} spans received by its OTLP sink", flush=True)
         if profile and "luftpause" in made and "dataplane" in {s.name for s in servers}:
             dataplane = next(s for s in servers if s.name == "dataplane")
             scheduler = next(s for s in servers if s.name == "scheduler")
@@ -705,7 +728,7 @@ def table(record: dict[str, Any]) -> str:
         direct = summary.get("direct")
         for arm, s in summary.items():
             servers = {"direct": ["engine"], "router": ["router", "engine"]}.get(
-                arm, [_dataplane_of(arm), "scheduler-traced" if arm == TRACED else "scheduler", "engine"]
+                arm, [_dataplane_of(arm), _scheduler_of(arm), "engine"]
             )
             cpu = ", ".join(f"{name} {s['cpu'][name]:.2f}" for name in servers if name in s["cpu"])
             added = (
@@ -737,7 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tracing",
         action="store_true",
-        help=f"add an arm `{TRACED}`: its own scheduler and dataplane exporting spans to an OTLP sink",
+        help=f"add arms {', '.join(TRACING_ARMS)}: each its own scheduler and dataplane exporting spans "
+        "to an OTLP sink, every span or a tenth of the traces",
     )
     args = p.parse_args(argv)
     # Readiness checks go through httpx, which logs every request at INFO.
