@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", default="", help="varies the runs' contexts between loadgen processes")
     p.set_defaults(func=_loadgen)
 
-    p = sub.add_parser("bench", help="run a benchmark from bench/ (see README, Measuring)")
+    p = sub.add_parser("bench", help="run a benchmark from bench/ (see docs/measuring.md)")
     p.add_argument(
         "scenario",
         choices=[

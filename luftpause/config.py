@@ -97,7 +97,7 @@ class Replica(_Strict):
     kv_tokens: int | None = Field(default=None, ge=1)
     # The gate holds runs only where this pool keeps at least this many of their size warm; below
     # that, holding them through their tools idles the engine more than their prefixes save.
-    # The default is where that crossed over in the engine model (README, "How a turn is
+    # The default is where that crossed over in the engine model (docs/architecture.md, "How a turn is
     # admitted"); an engine whose decode batch is cheaper to shrink may take a lower number.
     # 0 turns the gate off for this replica.
     gate_min_runs: int = Field(default=GATE_MIN_RUNS, ge=0, le=1000)

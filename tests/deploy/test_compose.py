@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+import docs
 from luftpause import config, healthcheck
 from luftpause.cli import build_parser
 
@@ -54,7 +55,7 @@ needs_compose = pytest.mark.skipif(
 def readme_combinations() -> list[tuple[str, ...]]:
     """Each `docker compose [-f FILE]...` command in the README, as its files (compose.yaml alone by default)."""
     combos: list[tuple[str, ...]] = []
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in docs.text().splitlines():
         for command in re.findall(r"docker compose[^`#\n]*", line):
             words = shlex.split(command.replace("\\", ""))
             files = tuple(words[i + 1] for i, w in enumerate(words) if w == "-f") or ("compose.yaml",)

@@ -14,10 +14,10 @@ import contextvars
 import gc
 import re
 import weakref
-from pathlib import Path
 
 from support import until
 
+import docs
 from luftpause.config import RuntimeSettings
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.restore import evict
@@ -25,8 +25,6 @@ from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import RunSpec
 from luftpause.runtime.views import view
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 # What an MCP request leaves in the context of the task that spawns a run (the SDK's request
 # context, the OpenTelemetry span): a task created there copies it.
@@ -47,9 +45,9 @@ async def _noop(handle: str) -> None:
 
 def test_the_default_window_is_two_minutes_as_the_readme_says():
     assert RuntimeSettings().retention_s == 120.0
-    durable_runs = README.read_text()
+    durable_runs = docs.text()
     assert re.search(r"`\[runtime\] retention_s` \(120 s by default", durable_runs), (
-        "the README's Durable runs names the default window"
+        "docs/clients.md's Durable runs names the default window"
     )
 
 
