@@ -14,7 +14,7 @@ import sys
 
 from pydantic import ValidationError
 
-from luftpause import __version__, config, lifeline, logs
+from luftpause import __version__, config, console, lifeline, logs
 
 
 def _load_config(args: argparse.Namespace) -> config.Config:
@@ -295,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="stream each turn (default: plain JSON)")
     p.add_argument("--seed", default="", help="varies the runs' contexts between loadgen processes")
     p.set_defaults(func=_loadgen)
+
+    console.add_commands(sub)
 
     p = sub.add_parser("bench", help="run a benchmark from bench/ (see docs/measuring.md)")
     p.add_argument(
