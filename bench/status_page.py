@@ -1,149 +1,140 @@
-"""A screenshot of the scheduler's status page with turns held, for the README.
+"""A screenshot of the scheduler's status page during a flood, for the README.
 
-Starts a real scheduler process on free loopback ports in front of two replicas nobody answers
-for (the first probe finds them unhealthy, so every turn is held), and over one Turns stream
-lets a queue build up and drain: for the first half of `--seconds` an interactive turn arrives
-each second and a batch turn every other second (two teams' interactive agents and a nightly batch caller), then each second the
-oldest interactive turn's client leaves. Then it renders the page in headless Chromium, whose
-chart draws the scheduler's own samples of the last 3 minutes, and saves
-bench/results/status-page-<UTC time>.png.
+Starts a whole stack (`luftpause up --with-fakes`, two fake engines) on ports of its own and
+floods it as the flood benchmarks do, in the open: `--batch` (24) streaming batch agents of a
+nightly job through the proxy for the whole of `--seconds` (70); from a tenth of the way in, two
+teams' interactive agents (`--interactive`, 4 each) for 40 % of it, and a fan-out of sub-agents
+over MCP (`--spawn`, 4) that the page's run tree shows. Held turns rise while the interactive wave
+competes with the batch flood and drain when it leaves; the picture is taken near the end, with
+the batch flood still on, so that both replicas are busy and the chart (the scheduler's own
+samples of the last 3 minutes) shows the wave come and go. Each second it reads the scheduler's
+`/status`, and prints the most turns held by class and the busiest in-flight counts it saw, so
+that the picture's claim is checked, not assumed. Saves bench/results/status-page-<UTC time>.png.
 
-    luftpause bench status_page [--seconds 40] [--out bench/results]
+    luftpause bench status_page [--seconds 70] [--batch 24] [--interactive 4] [--spawn 4] [--out bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import grpc
 import httpx
 
-from luftpause.bench.proxy_overhead import Server, free_port, wait_for
 from luftpause.bench.results import RESULTS_DIR
 from luftpause.bench.sim.flood_watch import screenshot
-from luftpause.proto import pb, rpc
+from luftpause.bench.soak import LoadedStack
 
-MODEL = "fake-llama"
-CALLERS = ("team-search", "team-code", "nightly-evals")
+TEAMS = ("team-search", "team-code")
 
 
-def _config(directory: Path, grpc_port: int, status_port: int) -> Path:
-    replicas = "".join(
-        f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{free_port()}"\nmodels = ["{MODEL}"]\n\n'
-        for name in ("gpu-a", "gpu-b")
-    )
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"[scheduler]\ngrpc_port = {grpc_port}\nstatus_port = {status_port}\nprobe_period_s = 0.5\n\n{replicas}"
-    )
-    return path
+def _loadgen(stack: LoadedStack, agents: int, duration_s: float, cls: str, caller: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*stack.CLI, "loadgen", "--url", stack.dataplane, "--agents", str(agents), "--duration-s",
+         str(duration_s), "--class", cls, "--caller", caller, "--stream", "--seed", caller],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+class Watch:
+    """The scheduler's /status read each second: the peaks the picture should show."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.peaks: dict[str, Any] = {"held_interactive": 0, "held_batch": 0, "waiting_for_room": 0}
+        self.in_flight: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                doc = httpx.get(self.url, timeout=5).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            by_class = doc["held"]["by_class"]
+            for cls in ("interactive", "batch"):
+                key = f"held_{cls}"
+                self.peaks[key] = max(self.peaks[key], by_class.get(cls, {}).get("count", 0))
+            room = doc.get("waiting_for_room", {}).get("runs", 0)
+            self.peaks["waiting_for_room"] = max(self.peaks["waiting_for_room"], room)
+            for r in doc["replicas"]:
+                self.in_flight[r["name"]] = max(self.in_flight.get(r["name"], 0), r["in_flight"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luftpause bench status_page", description=__doc__)
-    parser.add_argument("--seconds", type=int, default=40, help="how long the queue builds up and drains")
+    parser.add_argument("--seconds", type=int, default=70, help="how long the batch flood runs")
+    parser.add_argument("--batch", type=int, default=24, help="batch agents for the whole time")
+    parser.add_argument("--interactive", type=int, default=4, help="interactive agents of each team")
+    parser.add_argument("--spawn", type=int, default=4, help="sub-agents fanned out over MCP")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
-    grpc_port, status_port = free_port(), free_port()
-    status = f"http://127.0.0.1:{status_port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        config = _config(Path(tmp), grpc_port, status_port)
-        scheduler = Server(
-            "scheduler",
-            [sys.executable, "-m", "luftpause", "scheduler", "--config", str(config)],
-            Path(tmp) / "scheduler.log",
-        ).start()
-        done = threading.Event()
-        queue: list[pb.AdmitRequest] = []
-        # Turns admitted, and those whose client has left (their second entry in the queue).
-        announced: set[str] = set()
-        leaving: set[str] = set()
-        ready = threading.Condition()
-
-        def items() -> Iterator[pb.DataplaneBatch]:
-            sent = 0
-
-            def more() -> bool:
-                return len(queue) > sent or done.is_set()
-
-            while not done.is_set():
-                with ready:
-                    ready.wait_for(more, timeout=0.5)
-                    fresh, sent = queue[sent:], len(queue)
-                for request in fresh:
-                    if request.turn_id in leaving and request.turn_id in announced:
-                        left = pb.TurnEvent(
-                            turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()
-                        )
-                        yield pb.DataplaneBatch(items=[pb.DataplaneItem(event=left)])
-                    else:
-                        announced.add(request.turn_id)
-                        yield pb.DataplaneBatch(items=[pb.DataplaneItem(admit=request)])
-
-        try:
-            wait_for(
-                "both replicas probed unhealthy",
-                lambda: all(
-                    r["probed"] and not r["healthy"] for r in httpx.get(f"{status}/status").json()["replicas"]
-                ),
-                [scheduler],
-                timeout_s=30.0,
+    wave_at, wave_s = args.seconds * 0.1, args.seconds * 0.4
+    with LoadedStack("luftpause-status-page-") as stack:
+        status = f"http://127.0.0.1:{stack.ports['status']}"
+        runtime = f"http://127.0.0.1:{stack.ports['runtime']}"
+        started = time.monotonic()
+        loads = [_loadgen(stack, args.batch, args.seconds, "batch", "nightly-evals")]
+        with Watch(f"{status}/status") as watch:
+            time.sleep(wave_at)  # the batch flood alone first: the chart's baseline
+            loads += [_loadgen(stack, args.interactive, wave_s, "interactive", team) for team in TEAMS]
+            loads.append(
+                subprocess.Popen(
+                    [
+                        *stack.CLI,
+                        "loadgen",
+                        "--runtime",
+                        stack.mcp,
+                        "--spawn",
+                        str(args.spawn),
+                        "--class",
+                        "batch",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             )
-            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-                call = rpc.SchedulerStub(channel).Turns(items(), timeout=120)
-                try:
-                    # A queue that builds up and drains, so that the chart has a shape: each
-                    # second an interactive turn arrives (a batch one every other second) for the
-                    # first half, then each second the oldest interactive turn's client leaves.
-                    interactive: list[pb.AdmitRequest] = []
-                    for i in range(args.seconds):
-                        with ready:
-                            if i < args.seconds // 2:
-                                for cls in (pb.INTERACTIVE, pb.BATCH) if i % 2 else (pb.INTERACTIVE,):
-                                    n = len(queue)
-                                    request = pb.AdmitRequest(
-                                        turn_id=f"shot-t{n}",
-                                        run_id=f"shot-r{n}",
-                                        model=MODEL,
-                                        # Two teams' agents and a nightly batch job.
-                                        caller=CALLERS[i % 2] if cls == pb.INTERACTIVE else CALLERS[2],
-                                        service_class=cls,
-                                    )
-                                    queue.append(request)
-                                    if cls == pb.INTERACTIVE:
-                                        interactive.append(request)
-                            elif interactive:
-                                gone = interactive.pop(0)
-                                queue.append(gone)  # marks its place; sent as its abandonment
-                                leaving.add(gone.turn_id)
-                            ready.notify_all()
-                        time.sleep(1.0)
-                    wait_for(
-                        "the scheduler's samples to reach the drained queue",
-                        lambda: (
-                            httpx.get(f"{status}/status").json()["held"]["count"]
-                            == len(queue) - 2 * len(leaving)
-                        ),
-                        [scheduler],
-                        timeout_s=30.0,
-                    )
-                    args.out.mkdir(parents=True, exist_ok=True)
-                    path = args.out / f"status-page-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.png"
-                    why_not = screenshot(f"{status}/", path, Path(tmp) / "profile", virtual_time_ms=12000)
-                finally:
-                    done.set()
-                    with ready:
-                        ready.notify_all()
-                    call.cancel()
-        finally:
-            scheduler.stop()
+            while time.monotonic() - started < args.seconds - 8:
+                print(
+                    f"\r{time.monotonic() - started:4.0f}s  held interactive {watch.peaks['held_interactive']}"
+                    f" batch {watch.peaks['held_batch']} (peaks)",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                time.sleep(1.0)
+            print(file=sys.stderr)
+            args.out.mkdir(parents=True, exist_ok=True)
+            path = args.out / f"status-page-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.png"
+            why_not = screenshot(
+                f"{status}/?runtime={runtime}", path, stack.workdir / "profile", virtual_time_ms=6000
+            )
+        for p in loads:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    print(
+        f"peaks while it ran: held interactive {watch.peaks['held_interactive']}, held batch "
+        f"{watch.peaks['held_batch']}, runs waiting for room {watch.peaks['waiting_for_room']}; in flight "
+        + ", ".join(f"{name} {n}" for name, n in sorted(watch.in_flight.items()))
+    )
     if why_not is not None:
         print(f"status_page: no screenshot: {why_not}", file=sys.stderr)
         return 1
