@@ -22,6 +22,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# A replica's defaults: their home is luftpause/defaults.py, which the scheduler's core reads too.
+from luftpause.defaults import GATE_MIN_RUNS as GATE_MIN_RUNS
+from luftpause.defaults import LOOKAHEAD as LOOKAHEAD
+from luftpause.defaults import OUTLIER_EJECTION_BASE_S as OUTLIER_EJECTION_BASE_S
+
 # Ports from the description; the fake engines' and fake MCP's are ours, kept stable.
 SCHEDULER_GRPC_PORT = 5000
 SCHEDULER_STATUS_PORT = 5001
@@ -34,15 +39,6 @@ DEFAULT_MODEL = "fake-llama"
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 # A second bearer the runtime accepts, whose MCP requests see and may cancel every run.
 OPERATOR_TOKEN_ENV = "LUFTPAUSE_OPERATOR_TOKEN"
-# Turns of ours that may wait in one engine's own queue at once, unless a replica says otherwise
-# (the rule is scheduler/admission.py's).
-LOOKAHEAD = 2
-# The fewest runs of a size an engine's KV pool must keep warm for the run gate to hold runs of
-# that size there (the rule is scheduler/gate.py's).
-GATE_MIN_RUNS = 10
-# How long a replica whose turns keep failing is first taken out of rotation, unless it says
-# otherwise; each further ejection lasts one more such time, at most ten (scheduler/outliers.py).
-OUTLIER_EJECTION_BASE_S = 30.0
 # The dataplane's default bound on a request body: 16 MiB.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # The runtime's: an MCP request carries a tool call's arguments, not a model's context.

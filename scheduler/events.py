@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from luftpause import config as _config
+from luftpause import defaults
 from luftpause.lifecycle import pauses_run
 from luftpause.scheduler.state import Kind, Phase, ServiceClass
+
+if TYPE_CHECKING:  # only for `from_config`'s types: the core does not load the config (pydantic)
+    from luftpause import config as _config
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +30,18 @@ class ReplicaSpec:
     models: tuple[str, ...] = ()
     reports_load: bool = True
     load_from: tuple[str, ...] = ()
-    lookahead: int = _config.LOOKAHEAD
+    lookahead: int = defaults.LOOKAHEAD
     # Tokens of KV memory its engine has, as configured (`kv_tokens`); None: as its probes read it,
     # or unknown (the run gate is then off for it: see `gate.py`).
     kv_tokens: int | None = None
     # The fewest runs of a size its pool must keep warm for the gate to hold them (gate.py).
-    gate_min_runs: int = _config.GATE_MIN_RUNS
+    gate_min_runs: int = defaults.GATE_MIN_RUNS
     # Slots its engine keeps KV apart in, as configured (`kv_slots`); None: as its probes read it.
     kv_slots: int | None = None
     # Whether its engine keeps evicted prefixes in host memory (`Replica.keeps_host_cache`).
     host_cache: bool = False
     # How long its first ejection lasts when its turns keep failing (outliers.py).
-    ejection_base_s: float = _config.OUTLIER_EJECTION_BASE_S
+    ejection_base_s: float = defaults.OUTLIER_EJECTION_BASE_S
 
     @classmethod
     def from_config(cls, replica: _config.Replica) -> ReplicaSpec:

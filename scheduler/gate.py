@@ -51,7 +51,7 @@ is asked, and the status page reads the same functions.
 
 from __future__ import annotations
 
-from luftpause import config
+from luftpause import defaults
 from luftpause.scheduler.state import Replica
 
 # Share of a replica's KV pool that held working sets may not take: the estimate's error (a
@@ -82,7 +82,7 @@ HOLD_MAX_S = 3.5
 HOLD_MIN_S = 1.0
 # The fewest runs of a size a pool must keep warm for the gate to hold runs of that size there,
 # unless a replica's config says otherwise (`gate_min_runs`).
-GATE_MIN_RUNS = config.GATE_MIN_RUNS
+GATE_MIN_RUNS = defaults.GATE_MIN_RUNS
 
 
 def known(replica: Replica) -> bool:

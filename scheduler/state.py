@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from immutables import Map
 
 from luftpause import lifecycle
-from luftpause.config import GATE_MIN_RUNS, LOOKAHEAD, OUTLIER_EJECTION_BASE_S
+from luftpause.defaults import GATE_MIN_RUNS, LOOKAHEAD, OUTLIER_EJECTION_BASE_S
 from luftpause.lifecycle import Phase as Phase  # re-exported: the scheduler imports it from here
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 from luftpause.scheduler.outliers import FRESH, Outlier
