@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,18 +31,13 @@ from typing import Any
 import httpx
 
 from luftpause.bench import results
+from luftpause.bench.common import free_port
 from luftpause.config import TOKEN_ENV
 from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb
 
 MODEL = "bench-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Healthy(BaseHTTPRequestHandler):
@@ -61,7 +55,7 @@ class _Healthy(BaseHTTPRequestHandler):
 def _scheduler(tmp: Path):
     replica = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
     threading.Thread(target=replica.serve_forever, daemon=True).start()
-    grpc_port, status_port = _free_port(), _free_port()
+    grpc_port, status_port = free_port(), free_port()
     config = tmp / "luftpause.toml"
     config.write_text(
         f"[scheduler]\ngrpc_port = {grpc_port}\nstatus_port = {status_port}\n\n"

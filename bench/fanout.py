@@ -192,7 +192,7 @@ def run_started(n: int, repeats: int, context_chars: int, logs: Path) -> dict[st
 
 
 def started_table(record: dict[str, Any]) -> str:
-    from luftpause.bench.sim.fidelity import _spread, _spread_cell
+    from luftpause.bench.common import spread, spread_cell
 
     med, ratios = record["median_s"], record["ratios"]
     labels = {
@@ -213,14 +213,14 @@ def started_table(record: dict[str, Any]) -> str:
             else (f"{med['sequential'] / med[arm]:.1f}x")
         )
         shares = record.get("busier_engine_share", {}).get(arm) or []
-        share = _spread(shares)
+        share = spread(shares)
         share_cell = (
             "-"
             if share["median"] is None
             else f"{share['median']:.0%} ({share['low']:.0%}-{share['high']:.0%})"
         )
         lines.append(
-            f"| {labels[arm]} | {_spread_cell(_spread(values))} s | {len(values)} of {record['repeats']} | "
+            f"| {labels[arm]} | {spread_cell(spread(values))} s | {len(values)} of {record['repeats']} | "
             f"{speedup} | {share_cell} |"
         )
     verdicts = []

@@ -48,7 +48,7 @@ from typing import Any
 import httpx
 
 from luftpause.bench import results
-from luftpause.bench.sim.fidelity import _free_port, _Processes, _wait_healthy
+from luftpause.bench.common import Processes, free_port, wait_healthy
 from luftpause.fake_engine import scripted
 
 MODEL = "drill-llama"
@@ -82,8 +82,8 @@ class _Stack:
 def _stack(directory: Path, bad_args: list[str] | None, good: bool) -> Any:
     """The scheduler and the dataplane in front of the scripted engine ("bad", with `bad_args`)
     and, with `good`, a fake engine beside it; waits until every replica is probed healthy."""
-    grpc, status, dataplane = _free_port(), _free_port(), _free_port()
-    engines = {"bad": _free_port()} | ({"good": _free_port()} if good else {})
+    grpc, status, dataplane = free_port(), free_port(), free_port()
+    engines = {"bad": free_port()} | ({"good": free_port()} if good else {})
     replicas = "".join(
         f'\n[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["{MODEL}"]\n'
         for name, port in engines.items()
@@ -93,7 +93,7 @@ def _stack(directory: Path, bad_args: list[str] | None, good: bool) -> Any:
         f"[scheduler]\ngrpc_port = {grpc}\nstatus_port = {status}\n\n"
         f'[dataplane]\nport = {dataplane}\nscheduler = "127.0.0.1:{grpc}"\n{replicas}'
     )
-    procs = _Processes(directory)
+    procs = Processes(directory)
     luftpause = [sys.executable, "-m", "luftpause"]
     try:
         procs.start(
@@ -103,12 +103,12 @@ def _stack(directory: Path, bad_args: list[str] | None, good: bool) -> Any:
             procs.start("good", [*luftpause, "fake-engine", "--name", "good", "--model", MODEL,
                                  "--port", str(engines["good"]), "--time-scale", GOOD_TIME_SCALE])  # fmt: skip
         for port in engines.values():
-            _wait_healthy(f"http://127.0.0.1:{port}/health", procs)
+            wait_healthy(f"http://127.0.0.1:{port}/health", procs)
         procs.start("scheduler", [*luftpause, "scheduler", "--config", str(config)])
         procs.start("dataplane", [*luftpause, "dataplane", "--config", str(config)])
         stack = _Stack(f"http://127.0.0.1:{dataplane}", f"http://127.0.0.1:{status}")
-        _wait_healthy(f"{stack.status}/status", procs)
-        _wait_healthy(f"{stack.dataplane}/health", procs)
+        wait_healthy(f"{stack.status}/status", procs)
+        wait_healthy(f"{stack.dataplane}/health", procs)
         deadline = time.monotonic() + 60
         while (
             not _all_healthy(stack)

@@ -38,8 +38,9 @@ from typing import Any
 
 from luftpause.bench import results, sglang_router
 from luftpause.bench import stack as stacks
+from luftpause.bench.common import spread_cell
 from luftpause.bench.results import cell
-from luftpause.bench.sim.fidelity import _spread_cell, engine_params, ratios
+from luftpause.bench.sim.fidelity import engine_params, ratios
 from luftpause.bench.sim.run import simulate
 from luftpause.bench.sim.scenarios import SCENARIOS
 
@@ -125,10 +126,10 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[s
         "",
         "| luftpause over the router | real | simulated | repeats counted | target |",
         "|---|---|---|---|---|",
-        f"| interactive runs/min | {_spread_cell(summary['interactive_real'])} | "
-        f"{_spread_cell(summary['interactive_sim'])} | {summary['counted']} of {len(summary['repeats'])} | "
+        f"| interactive runs/min | {spread_cell(summary['interactive_real'])} | "
+        f"{spread_cell(summary['interactive_sim'])} | {summary['counted']} of {len(summary['repeats'])} | "
         f"real {met['real']}, simulated {met['sim']} (at least {TARGET_RATIO:g}x, batch within {BATCH_TOLERANCE:.0%}) |",
-        f"| batch runs/min | {_spread_cell(summary['batch_real'])} | {_spread_cell(summary['batch_sim'])} | | |",
+        f"| batch runs/min | {spread_cell(summary['batch_real'])} | {spread_cell(summary['batch_sim'])} | | |",
         "",
         f"Real against simulated (interactive ratio): {summary['verdict']['text']}.",
     ]

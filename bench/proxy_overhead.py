@@ -56,6 +56,7 @@ from typing import Any
 import httpx
 
 from luftpause.bench import results
+from luftpause.bench.common import free_port
 
 MODEL = "fake-llama"
 TOKEN = "proxy-overhead-bench"
@@ -67,12 +68,6 @@ FAST_FAKE_ENGINE = (
 )
 EVENTS_PER_TURN = 35  # role chunk, 32 tokens, finish chunk, [DONE]
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- processes --

@@ -75,17 +75,9 @@ from typing import Any
 import httpx
 
 from luftpause.bench import llamacpp_model, results, sglang_router
+from luftpause.bench.common import Processes, free_port, spread, spread_cell, wait_healthy
 from luftpause.bench.results import cell
-from luftpause.bench.sim.fidelity import (
-    CpuSnapshot,
-    _cgroup_usage_s,
-    _cpu_jiffies,
-    _free_port,
-    _process_cpu_s,
-    _Processes,
-    _wait_healthy,
-    cpu_use,
-)
+from luftpause.bench.sim.fidelity import CpuSnapshot, _cgroup_usage_s, _cpu_jiffies, _process_cpu_s, cpu_use
 from luftpause.loadgen.agents import LoadSpec, Tally, run_load
 from luftpause.loadgen.subagents import FloodSpec, flood
 
@@ -257,7 +249,7 @@ def counter_window(before: dict[str, float], after: dict[str, float]) -> dict[st
 @dataclass
 class ArmStack:
     arm: str
-    procs: _Processes
+    procs: Processes
     engine_urls: list[str]
     """The engines themselves, where their counters are read."""
     serving_urls: list[str]
@@ -280,10 +272,10 @@ def arm_stack(
 ) -> Iterator[ArmStack]:
     """Starts the arm's engines and front, waits until each answers, yields; stops them after."""
     py = [*cores.stack_prefix(), sys.executable, "-m", "luftpause", "--log-level", "WARNING"]
-    procs = _Processes(logs)
+    procs = Processes(logs)
     single: set[str] = set()
     try:
-        ports = [_free_port() for _ in range(args.replicas)]
+        ports = [free_port() for _ in range(args.replicas)]
         for i, port in enumerate(ports):
             command = engine_command(
                 binary,
@@ -297,11 +289,11 @@ def arm_stack(
             procs.start(f"llama-{chr(ord('a') + i)}", [*cores.engine_prefix(), *command])
         engines = [f"http://127.0.0.1:{p}" for p in ports]
         for url in engines:
-            _wait_healthy(f"{url}/health", procs, timeout_s=120)
+            wait_healthy(f"{url}/health", procs, timeout_s=120)
         # Every arm talks to the engines through the stand-in that makes their replies call
         # tools as the run's plan says (bench/tool_model.py): what fronts and agents see.
         real = engines
-        ports = [_free_port() for _ in real]
+        ports = [free_port() for _ in real]
         calls = f"{args.min_tool_calls}-{args.max_tool_calls}"
         for i, (url, port) in enumerate(zip(real, ports, strict=True)):
             stand_in = [*cores.stack_prefix(), sys.executable, "-m", "luftpause.bench.tool_model"]
@@ -310,24 +302,24 @@ def arm_stack(
             single.add(name)
         engines = [f"http://127.0.0.1:{p}" for p in ports]
         for url in engines:
-            _wait_healthy(f"{url}/health", procs)
-        front = _free_port()
+            wait_healthy(f"{url}/health", procs)
+        front = free_port()
         front_url = None if arm == "straight" else f"http://127.0.0.1:{front}"
         if arm == "round-robin":
             proxy = [*cores.stack_prefix(), sys.executable, "-m", "luftpause.bench.sim.round_robin_proxy"]
             procs.start("proxy", [*proxy, "--port", str(front), "--engines", ",".join(engines)])
             single.add("proxy")
-            _wait_healthy(f"{front_url}/health", procs)
+            wait_healthy(f"{front_url}/health", procs)
         elif arm == "sglang-router":
-            argv = sglang_router.command(front, engines, policy="cache_aware", prometheus_port=_free_port())
+            argv = sglang_router.command(front, engines, policy="cache_aware", prometheus_port=free_port())
             router = procs.start("router", [*cores.stack_prefix(), *argv])
             sglang_router.wait_ready(str(front_url), engines, alive=lambda: router.poll() is None)
         elif arm in OURS:
             conf = luftpause_config(
                 logs,
                 ports,
-                grpc=_free_port(),
-                status=_free_port(),
+                grpc=free_port(),
+                status=free_port(),
                 dataplane=front,
                 # The gated arm declares no host cache, so the gate holds a run a slot.
                 host_cache=host_cache and arm != GATED,
@@ -336,7 +328,7 @@ def arm_stack(
             procs.start("scheduler", [*py, "scheduler", "--config", str(conf)])
             procs.start("dataplane", [*py, "dataplane", "--config", str(conf)])
             single |= {"scheduler", "dataplane"}
-            _wait_healthy(f"{front_url}/health", procs)
+            wait_healthy(f"{front_url}/health", procs)
         runtime_url = None
         if args.agents == "mcp":
             assert front_url is not None, "sub-agents need a front: straight is own-loop only"
@@ -359,17 +351,17 @@ def runtime_config(directory: Path, *, port: int, front_url: str, fake_mcp: int)
     return path
 
 
-def start_runtime(procs: _Processes, py: list[str], logs: Path, front_url: str, tool_latency_s: float) -> str:
+def start_runtime(procs: Processes, py: list[str], logs: Path, front_url: str, tool_latency_s: float) -> str:
     """Starts fake-mcp (every call `tool_latency_s`) and the runtime in front of `front_url`;
     returns the runtime's MCP URL once it answers."""
-    mcp_port, port = _free_port(), _free_port()
+    mcp_port, port = free_port(), free_port()
     procs.start(
         "fake-mcp", [*py, "fake-mcp", "--port", str(mcp_port), "--fixed-latency-s", str(tool_latency_s)]
     )
-    _wait_healthy(f"http://127.0.0.1:{mcp_port}/health", procs)
+    wait_healthy(f"http://127.0.0.1:{mcp_port}/health", procs)
     conf = runtime_config(logs, port=port, front_url=front_url, fake_mcp=mcp_port)
     procs.start("runtime", [*py, "runtime", "--config", str(conf)])
-    _wait_healthy(f"http://127.0.0.1:{port}/status", procs)
+    wait_healthy(f"http://127.0.0.1:{port}/status", procs)
     return f"http://127.0.0.1:{port}/mcp"
 
 
@@ -513,17 +505,6 @@ def figures(summaries: dict[str, dict[str, Any]], window_s: float) -> dict[str, 
 # -- medians, ratios, the report --
 
 
-def _spread(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "low": None, "high": None, "n": 0}
-    return {
-        "median": round(statistics.median(values), 3),
-        "low": round(min(values), 3),
-        "high": round(max(values), 3),
-        "n": len(values),
-    }
-
-
 def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per host cache and arm, each figure's median and spread over the rows that count."""
     keys = (*RATIO_KEYS, "interactive_p99_s", "all_runs_per_min", "cache_share", "prefill_s")
@@ -533,7 +514,7 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     for host, arms in out.items():
         for arm in arms:
             counted = [r["real"] for r in rows if (r["host_cache"], r["arm"]) == (host, arm) and r["counts"]]
-            arms[arm] = {k: _spread([r[k] for r in counted if r.get(k) is not None]) for k in keys}
+            arms[arm] = {k: spread([r[k] for r in counted if r.get(k) is not None]) for k in keys}
     return out
 
 
@@ -568,7 +549,7 @@ def ratios(
     }
     summary["counted"] = len(counted)
     for key in RATIO_KEYS:
-        summary[key] = _spread([e[key] for e in counted if e[key] is not None])
+        summary[key] = spread([e[key] for e in counted if e[key] is not None])
     summary["verdict"] = verdict(summary)
     return summary
 
@@ -615,14 +596,6 @@ def verdict(summary: dict[str, Any]) -> str:
     return f"{text}; targets {target_verdict(summary)}"
 
 
-def _spread_cell(s: dict[str, Any]) -> str:
-    if s["median"] is None:
-        return "-"
-    if s["n"] == 1:
-        return f"{s['median']:.2f}"
-    return f"{s['median']:.2f} ({s['low']:.2f}-{s['high']:.2f})"
-
-
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
@@ -661,10 +634,10 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[s
     for host, arms in summary["medians"].items():
         for arm, m in arms.items():
             lines.append(
-                f"| {host} | {arm} | {_spread_cell(m['interactive_runs_per_min'])} | "
-                f"{_spread_cell(m['interactive_p50_s'])} | {_spread_cell(m['interactive_p99_s'])} | "
-                f"{_spread_cell(m['batch_runs_per_min'])} | {_spread_cell(m['turns'])} | "
-                f"{_spread_cell(m['cache_share'])} | {m['interactive_runs_per_min']['n']} |"
+                f"| {host} | {arm} | {spread_cell(m['interactive_runs_per_min'])} | "
+                f"{spread_cell(m['interactive_p50_s'])} | {spread_cell(m['interactive_p99_s'])} | "
+                f"{spread_cell(m['batch_runs_per_min'])} | {spread_cell(m['turns'])} | "
+                f"{spread_cell(m['cache_share'])} | {m['interactive_runs_per_min']['n']} |"
             )
     lines += [
         "",
@@ -677,9 +650,9 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[s
     for r in summary["ratios"]:
         lines.append(
             f"| {r['host_cache']} | {r.get('arm', 'luftpause')} | {r['baseline']} | "
-            f"{_spread_cell(r['interactive_runs_per_min'])} | "
-            f"{_spread_cell(r['interactive_p50_s'])} | {_spread_cell(r['batch_runs_per_min'])} | "
-            f"{_spread_cell(r['turns'])} | {r['counted']} of {len(r['repeats'])} | {r['verdict']} |"
+            f"{spread_cell(r['interactive_runs_per_min'])} | "
+            f"{spread_cell(r['interactive_p50_s'])} | {spread_cell(r['batch_runs_per_min'])} | "
+            f"{spread_cell(r['turns'])} | {r['counted']} of {len(r['repeats'])} | {r['verdict']} |"
         )
     left_out = [
         f"repeat {row['repeat'] + 1} {row['host_cache']} {row['arm']}: {row['why_not']}"

@@ -30,7 +30,7 @@ from typing import Any
 
 from luftpause.bench import results, sglang_router
 from luftpause.bench import stack as stacks
-from luftpause.bench.sim.fidelity import _spread, _spread_cell
+from luftpause.bench.common import spread, spread_cell
 from luftpause.bench.sim.scenarios import SCENARIOS
 
 ARMS = ("luftpause", "sglang-cache-aware", "sglang-round-robin")
@@ -121,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     per_arm: dict[str, dict[str, Any]] = {
         arm: {
-            "runs_per_min": _spread([x["runs_per_min"] for x in rows if x["arm"] == arm and x["counts"]]),
-            "prefix_cache_share": _spread(
+            "runs_per_min": spread([x["runs_per_min"] for x in rows if x["arm"] == arm and x["counts"]]),
+            "prefix_cache_share": spread(
                 [
                     x["prefix_cache_share"]
                     for x in rows
@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else (f"{share['median']:.1%} ({share['low']:.1%}-{share['high']:.1%})")
         )
         lines.append(
-            f"| {labels[arm]} | {_spread_cell(a['runs_per_min'])} | {share_cell} | {a['counted']} of {args.repeats} |"
+            f"| {labels[arm]} | {spread_cell(a['runs_per_min'])} | {share_cell} | {a['counted']} of {args.repeats} |"
         )
     lines += ["", f"Cache share: {verdict}."]
     text = "\n".join(lines)

@@ -40,7 +40,7 @@ from typing import Any
 
 from luftpause.bench import results
 from luftpause.bench import stack as stacks
-from luftpause.bench.sim.fidelity import _spread, _spread_cell
+from luftpause.bench.common import spread, spread_cell
 from luftpause.config import DEFAULT_MODEL
 
 ARMS = ("direct", "single-pass", "labels")
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     for arm, concurrency in cells:
         counted = [x for x in rows if x["arm"] == arm and x["concurrency"] == concurrency and x["counts"]]
-        p50, p99 = _spread([x["p50_ms"] for x in counted]), _spread([x["p99_ms"] for x in counted])
+        p50, p99 = spread([x["p50_ms"] for x in counted]), spread([x["p99_ms"] for x in counted])
         summary[f"{arm}@{concurrency}"] = {"p50_ms": p50, "p99_ms": p99, "counted": len(counted)}
         label = {
             "direct": "straight to the fake classifier, no luftpause",
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "labels": "labels on a generative replica",
         }[arm]
         lines.append(
-            f"| {label} | {concurrency} | {_spread_cell(p50)} | {_spread_cell(p99)} | {len(counted)} of {args.repeats} |"
+            f"| {label} | {concurrency} | {spread_cell(p50)} | {spread_cell(p99)} | {len(counted)} of {args.repeats} |"
         )
     target = summary[f"single-pass@{CONCURRENCY[-1]}"]["p99_ms"]["median"]
     verdict = (

@@ -45,8 +45,8 @@ from typing import Any
 import httpx
 
 from luftpause.bench import llamacpp_model, results
+from luftpause.bench.common import Processes, free_port, spread, wait_healthy
 from luftpause.bench.real_flood import Cores, engine_command, find_llama_server, model_path
-from luftpause.bench.sim.fidelity import _free_port, _Processes, _wait_healthy
 from luftpause.loadgen.conversation import context_text
 
 WAYS = ("recompute", "park", "host-cache")
@@ -124,12 +124,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="luftpause-slot-parking-"))
     model = model_path(args.model, work)
     cores = Cores.split(os.sched_getaffinity(0))
-    procs = _Processes(work)
+    procs = Processes(work)
     context = max(args.tokens) * 2 + 256
     engines: dict[str, Engine] = {}
     try:
         for way in WAYS:
-            port = _free_port()
+            port = free_port()
             argv = engine_command(binary, str(model), port, slots=1, slot_context=context,
                                   host_cache=way == "host-cache", max_tokens=1)  # fmt: skip
             if way == "park":
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             procs.start(way, [*cores.engine_prefix(), *argv])
             engines[way] = Engine(f"http://127.0.0.1:{port}")
         for way, engine in engines.items():
-            _wait_healthy(f"{engine.url}/health", procs, timeout_s=120)
+            wait_healthy(f"{engine.url}/health", procs, timeout_s=120)
             engine.complete(prompt_of(f"warm-{way}", 64, merges))
         trials: list[dict[str, Any]] = []
         for repeat in range(1, args.repeats + 1):
@@ -170,12 +170,12 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
             if not mine:
                 continue
             row[way] = {
-                "run_ms": _spread([t["run_ms"] for t in mine]),
-                "engine_ms": _spread([t["engine_ms"] for t in mine]),
-                "cold_ms": _spread([t["cold"]["wall_ms"] for t in mine]),
+                "run_ms": spread([t["run_ms"] for t in mine]),
+                "engine_ms": spread([t["engine_ms"] for t in mine]),
+                "cold_ms": spread([t["cold"]["wall_ms"] for t in mine]),
                 "prefilled_again": statistics.median(t["back"]["prompt_n"] or 0 for t in mine),
-                "save_ms": _spread([t["save"]["wall_ms"] for t in mine if t["save"]]),
-                "restore_ms": _spread([t["restore"]["wall_ms"] for t in mine if t["restore"]]),
+                "save_ms": spread([t["save"]["wall_ms"] for t in mine if t["save"]]),
+                "restore_ms": spread([t["restore"]["wall_ms"] for t in mine if t["restore"]]),
                 "saved_bytes": max((t["save"]["bytes"] or 0 for t in mine if t["save"]), default=None),
             }
         for cost in ("run_ms", "engine_ms"):
@@ -185,13 +185,6 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
                 row[f"park_over_{other}_{cost}"] = round(park / base, 3) if park and base else None
         out[str(tokens)] = row
     return out
-
-
-def _spread(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "low": None, "high": None}
-    return {"median": round(statistics.median(values), 2), "low": round(min(values), 2),
-            "high": round(max(values), 2)}  # fmt: skip
 
 
 def verdict(summary: dict[str, Any]) -> str:

@@ -18,7 +18,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,18 +30,13 @@ import httpx
 from mcp import Client
 
 from luftpause.bench import results
+from luftpause.bench.common import free_port
 
 SERVICES = ("scheduler", "dataplane", "runtime", "fake-a", "fake-b", "fake-mcp")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config(directory: Path, runtime_extra: str = "") -> tuple[Path, dict[str, int]]:
-    ports = {name: _port() for name in ("grpc", "status", "dataplane", "runtime", "mcp", "a", "b")}
+    ports = {name: free_port() for name in ("grpc", "status", "dataplane", "runtime", "mcp", "a", "b")}
     path = directory / "luftpause.toml"
     path.write_text(
         f"""

@@ -30,15 +30,8 @@ from typing import Any
 import httpx
 
 from luftpause.bench import sglang_router
-from luftpause.bench.sim.fidelity import (
-    _free_port,
-    _Processes,
-    _snapshot,
-    _wait_healthy,
-    cpu_use,
-    engine_params,
-    timing_env,
-)
+from luftpause.bench.common import Processes, free_port, wait_healthy
+from luftpause.bench.sim.fidelity import _snapshot, cpu_use, engine_params, timing_env
 from luftpause.config import DEFAULT_MODEL
 
 FRONTS = ("luftpause", "sglang-cache-aware", "sglang-round-robin")
@@ -52,7 +45,7 @@ SINGLE_THREADED = ("scheduler", "dataplane", "runtime", "fake-mcp")
 @dataclass
 class Stack:
     front: str
-    procs: _Processes
+    procs: Processes
     runtime_url: str
     """The runtime's MCP URL (nothing answers there when the stack was started without it)."""
     front_url: str
@@ -122,11 +115,11 @@ def stack(
     if front not in FRONTS:
         raise ValueError(f"unknown front {front}; known: {', '.join(FRONTS)}")
     py = [sys.executable, "-m", "luftpause", "--log-level", "WARNING"]
-    procs = _Processes(logs)
+    procs = Processes(logs)
     single_threaded: set[str] = set()
     try:
         timing = {"LUFTPAUSE_FAKE_ENGINE_TIMING": timing_env(engine_params(kv_pool_tokens))}
-        engine_ports = [_free_port() for _ in range(replicas)]
+        engine_ports = [free_port() for _ in range(replicas)]
         for i, port in enumerate(engine_ports):
             name = f"fake-{chr(ord('a') + i)}"
             procs.start(
@@ -135,7 +128,7 @@ def stack(
                 timing,
             )
             single_threaded.add(name)
-        sp_port = _free_port() if single_pass else None
+        sp_port = free_port() if single_pass else None
         if sp_port is not None:
             procs.start(
                 "classifier",
@@ -150,16 +143,16 @@ def stack(
                     SINGLE_PASS_MODEL,
                 ],
             )
-        mcp_port = _free_port()
+        mcp_port = free_port()
         procs.start(
             "fake-mcp", [*py, "fake-mcp", "--port", str(mcp_port), "--fixed-latency-s", str(tool_latency_s)]
         )
         engines = [f"http://127.0.0.1:{p}" for p in engine_ports]
         for url in engines + ([f"http://127.0.0.1:{sp_port}"] if sp_port else []):
-            _wait_healthy(f"{url}/health", procs)
-        front_port, runtime_port = _free_port(), _free_port()
+            wait_healthy(f"{url}/health", procs)
+        front_port, runtime_port = free_port(), free_port()
         front_url = f"http://127.0.0.1:{front_port}"
-        grpc, status = _free_port(), _free_port()
+        grpc, status = free_port(), free_port()
         conf = _config(
             logs,
             metrics,
@@ -177,17 +170,17 @@ def stack(
         if front == "luftpause":
             procs.start("scheduler", [*py, "scheduler", "--config", str(conf)])
             procs.start("dataplane", [*py, "dataplane", "--config", str(conf)])
-            _wait_healthy(f"{front_url}/health", procs)
+            wait_healthy(f"{front_url}/health", procs)
             status_url = f"http://127.0.0.1:{status}"
         else:
             argv = sglang_router.command(
-                front_port, engines, policy=ROUTER_POLICY[front], prometheus_port=_free_port()
+                front_port, engines, policy=ROUTER_POLICY[front], prometheus_port=free_port()
             )
             router = procs.start("router", argv)
             sglang_router.wait_ready(front_url, engines, alive=lambda: router.poll() is None)
         if runtime:
             procs.start("runtime", [*py, "runtime", "--config", str(conf)])
-            _wait_healthy(f"http://127.0.0.1:{runtime_port}/status", procs)
+            wait_healthy(f"http://127.0.0.1:{runtime_port}/status", procs)
         single_threaded |= {name for name in SINGLE_THREADED if name in procs.procs}
         yield Stack(
             front=front,

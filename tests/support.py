@@ -29,14 +29,9 @@ from typing import Any
 
 import httpx
 
+from luftpause.bench.common import free_port as free_port  # re-exported: the tests' one way to pick a port
+
 START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _polls(timeout_s: float, interval_s: float, what: str) -> Iterator[float]:

@@ -61,8 +61,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -73,9 +71,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from luftpause.bench import sglang_router
+from luftpause.bench.common import Processes, free_port, spread, spread_cell, wait_healthy
 from luftpause.bench.results import cell, tidy_logs
 from luftpause.bench.sim import flood_watch
 from luftpause.bench.sim.run import simulate
@@ -93,12 +90,6 @@ SETUP_GUESS_S = 10.0
 # The CPU window closes this long before loadgen's deadline, while every process is still there
 # to be read (a process that has exited and been reaped has no /proc entry left).
 CPU_WINDOW_MARGIN_S = 0.5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- CPU --
@@ -202,58 +193,6 @@ def cpu_use(before: CpuSnapshot, after: CpuSnapshot, single_threaded: set[str]) 
     }
 
 
-# -- processes --
-
-
-class _Processes:
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        with (self.logs / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen(
-                args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-            )
-        self.procs[name] = proc
-        return proc
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
-
-    def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
-
-
-def _wait_healthy(url: str, procs: _Processes, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        procs.check_alive()
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
 def _config(directory: Path, engines: list[int], grpc: int, status: int, dataplane: int) -> Path:
     replicas = "".join(
         f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\n'
@@ -319,14 +258,14 @@ def real_arm(
 ) -> dict[str, Any]:
     """Runs the scaled flood through real processes for `arm`; returns runs/min by class and CPU use."""
     py = [sys.executable, "-m", "luftpause"]
-    procs = _Processes(logs)
+    procs = Processes(logs)
     single_threaded: set[str] = set()
     loads: dict[str, subprocess.Popen] = {}
     sampler: flood_watch.StatusSampler | None = None
     flood: dict[str, Any] | None = None
     began = time.monotonic()
     try:
-        engine_ports = [_free_port() for _ in range(scenario.replicas)]
+        engine_ports = [free_port() for _ in range(scenario.replicas)]
         timing = {"LUFTPAUSE_FAKE_ENGINE_TIMING": timing_env(params)}
         for i, port in enumerate(engine_ports):
             name = f"fake-{chr(ord('a') + i)}"
@@ -338,23 +277,23 @@ def real_arm(
             single_threaded.add(name)
         engines = [f"http://127.0.0.1:{p}" for p in engine_ports]
         for url in engines:
-            _wait_healthy(f"{url}/health", procs)
-        front = _free_port()
+            wait_healthy(f"{url}/health", procs)
+        front = free_port()
         if arm == "luftpause":
-            grpc, status = _free_port(), _free_port()
+            grpc, status = free_port(), free_port()
             conf = _config(logs, engine_ports, grpc, status, front)
             procs.start("scheduler", [*py, "--log-level", "WARNING", "scheduler", "--config", str(conf)])
             procs.start("dataplane", [*py, "--log-level", "WARNING", "dataplane", "--config", str(conf)])
             single_threaded |= {"scheduler", "dataplane"}
-            _wait_healthy(f"http://127.0.0.1:{front}/health", procs)
+            wait_healthy(f"http://127.0.0.1:{front}/health", procs)
         elif arm == "router-round-robin":
             proxy = [sys.executable, "-m", "luftpause.bench.sim.round_robin_proxy"]
             procs.start("proxy", [*proxy, "--port", str(front), "--engines", ",".join(engines)])
             single_threaded.add("proxy")
-            _wait_healthy(f"http://127.0.0.1:{front}/health", procs)
+            wait_healthy(f"http://127.0.0.1:{front}/health", procs)
         elif arm == "sglang-cache-aware":
             # The router is Rust on threads of its own: only the machine-wide figures apply to it.
-            argv = sglang_router.command(front, engines, policy="cache_aware", prometheus_port=_free_port())
+            argv = sglang_router.command(front, engines, policy="cache_aware", prometheus_port=free_port())
             router = procs.start("router", argv)
             sglang_router.wait_ready(
                 f"http://127.0.0.1:{front}", engines, alive=lambda: router.poll() is None
@@ -458,12 +397,6 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 3) if denominator else None
 
 
-def _spread(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "low": None, "high": None}
-    return {"median": round(statistics.median(values), 3), "low": min(values), "high": max(values)}
-
-
 def verdict(real: float | None, sim: float | None) -> dict[str, Any]:
     """Whether a real median ratio agrees with the simulated one: the same side of 1, and within
     SIZE_TOLERANCE of it (|real / sim - 1|)."""
@@ -510,18 +443,12 @@ def ratios(rows: list[dict[str, Any]], router_arm: str, repeats: int) -> dict[st
     for cls in ("interactive", "batch"):
         for side in ("real", "sim"):
             values = [e[f"{cls}_{side}"] for e in counted if e[f"{cls}_{side}"] is not None]
-            summary[f"{cls}_{side}"] = _spread(values)
+            summary[f"{cls}_{side}"] = spread(values)
     summary["verdict"] = verdict(summary["interactive_real"]["median"], summary["interactive_sim"]["median"])
     return summary
 
 
 # -- the report --
-
-
-def _spread_cell(s: dict[str, float | None]) -> str:
-    if s["median"] is None:
-        return "-"
-    return f"{s['median']:.2f} ({s['low']:.2f}-{s['high']:.2f})"
 
 
 def report(
@@ -560,9 +487,9 @@ def report(
     ]
     for s in summaries:
         lines.append(
-            f"| {s['router_arm']} | {_spread_cell(s['interactive_real'])} | {_spread_cell(s['interactive_sim'])} | "
+            f"| {s['router_arm']} | {spread_cell(s['interactive_real'])} | {spread_cell(s['interactive_sim'])} | "
             f"{s['counted']} of {len(s['repeats'])} | {s['verdict']['text']} | "
-            f"{_spread_cell(s['batch_real'])} / {_spread_cell(s['batch_sim'])} |"
+            f"{spread_cell(s['batch_real'])} / {spread_cell(s['batch_sim'])} |"
         )
     left_out = [
         f"repeat {e['repeat'] + 1} vs {s['router_arm']}: {e['why_not']}"

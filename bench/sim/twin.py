@@ -5,7 +5,7 @@ runs/min, turns served in the window and the engines' prompt-cache share (the en
 cached prompt tokens over all prompt tokens in the window, which is what the real bench reads
 from llama.cpp's counters). Then the medians over the seeds (lowest-highest), and luftpause over
 each of the real bench's baselines (`real_flood.BASELINES`, as the simulator names them) with the
-real bench's own spread and verdict (`real_flood._spread`, `real_flood.verdict`), so the two
+real bench's own spread and verdict (`common.spread`, `real_flood.verdict`), so the two
 tables read side by side.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from luftpause.bench import real_flood
+from luftpause.bench import common, real_flood
 from luftpause.bench.results import cell
 from luftpause.bench.sim.run import ArmResult
 
@@ -70,10 +70,7 @@ def report(
             )
     keys = (*real_flood.RATIO_KEYS, "interactive_p99_s", "all_runs_per_min", "cache_share")
     medians = {
-        arm: {
-            k: real_flood._spread([rows[s][arm][k] for s in seeds if rows[s][arm][k] is not None])
-            for k in keys
-        }
+        arm: {k: common.spread([rows[s][arm][k] for s in seeds if rows[s][arm][k] is not None]) for k in keys}
         for arm in arms
     }
     lines += [
@@ -84,12 +81,11 @@ def report(
         "| cache share |",
         "|---|---|---|---|---|---|---|",
     ]
-    spread = real_flood._spread_cell
     for arm, m in medians.items():
         lines.append(
-            f"| {arm} | {spread(m['interactive_runs_per_min'])} | {spread(m['interactive_p50_s'])} | "
-            f"{spread(m['interactive_p99_s'])} | {spread(m['batch_runs_per_min'])} | {spread(m['turns'])} | "
-            f"{spread(m['cache_share'])} |"
+            f"| {arm} | {common.spread_cell(m['interactive_runs_per_min'])} | {common.spread_cell(m['interactive_p50_s'])} | "
+            f"{common.spread_cell(m['interactive_p99_s'])} | {common.spread_cell(m['batch_runs_per_min'])} | {common.spread_cell(m['turns'])} | "
+            f"{common.spread_cell(m['cache_share'])} |"
         )
     ratios = []
     for baseline in real_flood.BASELINES:
@@ -105,7 +101,7 @@ def report(
             per_seed.append(entry)
         summary: dict[str, Any] = {"baseline": theirs, "host_cache": host_cache, "seeds": per_seed}
         for key in real_flood.RATIO_KEYS:
-            summary[key] = real_flood._spread([e[key] for e in per_seed if e[key] is not None])
+            summary[key] = common.spread([e[key] for e in per_seed if e[key] is not None])
         summary["verdict"] = (
             real_flood.verdict(summary).replace("counted repeat", "seed").replace("the repeats", "the seeds")
         )
@@ -121,8 +117,8 @@ def report(
         ]
         for r in ratios:
             lines.append(
-                f"| {r['baseline']} | {spread(r['interactive_runs_per_min'])} | {spread(r['interactive_p50_s'])} | "
-                f"{spread(r['batch_runs_per_min'])} | {spread(r['turns'])} | {r['verdict']} |"
+                f"| {r['baseline']} | {common.spread_cell(r['interactive_runs_per_min'])} | {common.spread_cell(r['interactive_p50_s'])} | "
+                f"{common.spread_cell(r['batch_runs_per_min'])} | {common.spread_cell(r['turns'])} | {r['verdict']} |"
             )
     return "\n".join(lines), {
         "figures": {str(s): rows[s] for s in seeds},

@@ -41,8 +41,8 @@ def test_ratios_take_the_median_of_counted_repeats_only() -> None:
     assert summary["counted"] == 2
     assert [e["counts"] for e in summary["repeats"]] == [True, False, True]
     assert "luftpause: CPU saturated" in summary["repeats"][1]["why_not"]
-    assert summary["interactive_real"] == {"median": 1.225, "low": 1.2, "high": 1.25}
-    assert summary["interactive_sim"] == {"median": 1.15, "low": 1.1, "high": 1.2}
+    assert summary["interactive_real"] == {"median": 1.225, "low": 1.2, "high": 1.25, "n": 2}
+    assert summary["interactive_sim"] == {"median": 1.15, "low": 1.1, "high": 1.2, "n": 2}
     assert summary["verdict"]["agrees"] is True
 
 

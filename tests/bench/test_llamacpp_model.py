@@ -5,7 +5,6 @@ prefix in the next."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from luftpause.bench import llamacpp_model as lm
+from luftpause.bench.common import free_port
 from luftpause.loadgen.conversation import TOOLS, first_messages
 
 TINY = lm.Dimensions(embd=32, layers=2, heads=4, kv_heads=2, ff=64, merges=400, context=4096)
@@ -83,17 +83,11 @@ needs_llama_server = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def llama_server(tmp_path: Path):
     assert LLAMA_SERVER is not None
     model = lm.write(tmp_path / "tiny.gguf", TINY)
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "llama-server.log").open("w")
     args = [LLAMA_SERVER, "-m", str(model), "--jinja", "--parallel", "2", "-c", "4096", "-t", "1"]
     args += ["--metrics", "--host", "127.0.0.1", "--port", str(port)]

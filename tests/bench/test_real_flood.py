@@ -17,7 +17,7 @@ import pytest
 
 from luftpause import config
 from luftpause.bench import real_flood
-from luftpause.bench.sim.fidelity import _free_port, _Processes, _wait_healthy
+from luftpause.bench.common import Processes, free_port, wait_healthy
 from luftpause.loadgen.subagents import FloodSpec
 from luftpause.scheduler import gate
 
@@ -218,7 +218,7 @@ def test_the_report_has_every_row_the_medians_and_the_ratios(tmp_path: Path) -> 
 
 
 def test_only_the_straight_arm_pins_runs_and_only_luftpause_hears_their_end() -> None:
-    procs = _Processes(Path("."))
+    procs = Processes(Path("."))
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     args = _args(batch=3, interactive=0)
     for arm in real_flood.ARMS:
@@ -244,7 +244,7 @@ def test_over_mcp_the_runtime_spawns_the_floods_model_and_each_class_is_a_sub_ag
     )
     assert [(m.name, m.url) for m in runtime.mcp_servers] == [("fake-mcp", "http://127.0.0.1:9301/mcp")]
     urls = ["http://127.0.0.1:1"]
-    s = real_flood.ArmStack("luftpause", _Processes(tmp_path), urls, urls, "http://127.0.0.1:3", set(),
+    s = real_flood.ArmStack("luftpause", Processes(tmp_path), urls, urls, "http://127.0.0.1:3", set(),
                             "http://127.0.0.1:4/mcp")  # fmt: skip
     load = real_flood.specs("luftpause", s, _args(batch=3, interactive=1, agents="mcp"), "7")
     assert {cls: (spec.url, spec.agents, spec.service_class) for cls, spec in load.items()} == {
@@ -269,8 +269,8 @@ def test_the_agents_are_driven_through_a_stack_with_progress_counters_and_the_cp
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The straight arm over two fake engines (no llama.cpp counters there: zero prompt tokens)."""
-    procs = _Processes(tmp_path)
-    ports = [_free_port(), _free_port()]
+    procs = Processes(tmp_path)
+    ports = [free_port(), free_port()]
     try:
         for i, port in enumerate(ports):
             procs.start(
@@ -280,7 +280,7 @@ def test_the_agents_are_driven_through_a_stack_with_progress_counters_and_the_cp
             )  # fmt: skip
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url in urls:
-            _wait_healthy(f"{url}/health", procs)
+            wait_healthy(f"{url}/health", procs)
         s = real_flood.ArmStack("straight", procs, urls, urls, None)
         args = _args(
             batch=3, interactive=2, warmup_s=0.5, window_s=3.0, tool_latency_s=0.1, context_chars=600

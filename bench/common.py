@@ -1,0 +1,99 @@
+"""What the benchmarks (and the tests) share: a free port, child processes and waiting for them to
+answer, and the spread of repeats.
+
+Every benchmark and test starts its services on loopback ports picked free, so that several
+can run at once and beside a stack that is up on the usual ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Processes:
+    """Child processes of a benchmark, each logging to `<logs>/<name>.log` in a session of its own;
+    `stop` ends them (SIGTERM, then SIGKILL after 15 s) in the reverse order of their start."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        with (self.logs / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def wait_healthy(url: str, procs: Processes, timeout_s: float = 60.0) -> None:
+    """Until `url` answers 200; fails at once with its log's tail if one of `procs` has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    """The median and range of repeats (and how many), as records keep them."""
+    if not values:
+        return {"median": None, "low": None, "high": None, "n": 0}
+    return {
+        "median": round(statistics.median(values), 3),
+        "low": round(min(values), 3),
+        "high": round(max(values), 3),
+        "n": len(values),
+    }
+
+
+def spread_cell(s: dict[str, float | None]) -> str:
+    """A `spread` as a table cell: median (low-high), the median alone for one value."""
+    if s["median"] is None:
+        return "-"
+    if s.get("n") == 1:
+        return f"{s['median']:.2f}"
+    return f"{s['median']:.2f} ({s['low']:.2f}-{s['high']:.2f})"
