@@ -8,13 +8,22 @@ has its own registry (several dataplanes may share a test process); the label ch
 once up front for every configured replica, so counting a turn costs a dict lookup and one
 locked add, not a label lookup. Every label is bounded: routes, outcomes, classes and error
 kinds are the fixed sets below, and replicas are the config's (the scheduler names no other).
+
+A dataplane of several workers (dataplane/workers.py) reports as a whole: the process that starts
+them names a fresh directory in PROMETHEUS_MULTIPROC_DIR, each worker's prometheus-client keeps
+its numbers in files there, and whichever worker answers `/metrics` adds up every worker's
+(`MultiProcessCollector`): counters and histograms summed over the workers, a dead worker's
+counts kept; turns in flight summed over the live workers; the scheduler link 1 only while every
+live worker's is up. Those files hold values, not functions, so every gauge here is set when it
+changes rather than read at scrape time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 ROUTES = ("chat", "decide")
@@ -33,6 +42,9 @@ UNKNOWN_CLASS = "unknown"
 # is not server-sent events of JSON).
 ENGINE_ERRORS = ("http_4xx", "http_5xx", "unreachable", "timeout", "broke_off", "reply_error", "unreadable")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# prometheus-client's own variable: set (in a worker's environment, before the import), every
+# metric's values live in files in that directory, one set per process (dataplane/workers.py).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # 1-2.5-5 steps from 10 ms to 60 s, where both times are worth telling apart. Admission also
 # gets 1 and 5 ms (a turn placed at once costs one gRPC round trip) and 2 and 10 minutes (a turn
@@ -78,6 +90,7 @@ class DataplaneMetrics:
             "luftpause_dataplane_turns_in_flight",
             "Turns placed on a replica whose reply has not ended yet.",
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self._admission = self._per_class_and_replica(
             "luftpause_dataplane_admission_seconds",
@@ -116,10 +129,18 @@ class DataplaneMetrics:
             "luftpause_dataplane_scheduler_connected",
             "1 while the scheduler link is resynced and reporting, else 0 (turns are held).",
             registry=self.registry,
+            multiprocess_mode="livemin",
         )
+        # What `/metrics` shows: this process's registry, or every worker's files added up.
+        shared_dir = os.environ.get(MULTIPROC_DIR_ENV)
+        self._exposed = self.registry
+        if shared_dir:
+            self._exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._exposed, shared_dir)  # type: ignore[no-untyped-call]
 
-    def watch_scheduler(self, connected: Callable[[], bool]) -> None:
-        self._connected.set_function(lambda: 1.0 if connected() else 0.0)
+    def scheduler_connected(self, connected: bool) -> None:
+        """The scheduler link came up (resynced and streaming) or went down."""
+        self._connected.set(1.0 if connected else 0.0)
 
     def _per_class_and_replica(
         self, name: str, documentation: str, buckets: tuple[float, ...], replicas: tuple[str, ...]
@@ -149,4 +170,4 @@ class DataplaneMetrics:
         self._errors.labels(kind, replica).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)

@@ -168,7 +168,7 @@ class Proxy:
         # `name`: this dataplane's, where several share the scheduler (one worker of several).
         self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token, name)
         self.metrics = DataplaneMetrics(r.name for r in config.replicas)
-        self.metrics.watch_scheduler(lambda: self.scheduler.connected)
+        self.scheduler.on_connected = self.metrics.scheduler_connected
         # No overall read timeout on engine requests: a turn takes as long as the engine needs,
         # and admission, not a pool limit, bounds how many go to each engine; only an engine gone
         # silent (before its reply begins, or in the middle of it) is given up on.

@@ -34,6 +34,7 @@ import contextlib
 import enum
 import logging
 import socket
+from collections.abc import Callable
 
 import grpc
 import grpc.aio
@@ -118,6 +119,8 @@ class SchedulerClient:
         self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
         self._stream_task: asyncio.Task[None] | None = None
         self._outage_logged = False
+        # Told each time the link comes up (True) or goes down (False): the metrics' gauge.
+        self.on_connected: Callable[[bool], None] = lambda _connected: None
 
     @property
     def connected(self) -> bool:
@@ -380,6 +383,7 @@ class SchedulerClient:
                 self._outbox = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
                 self._outbox += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
                 self._synced.set()
+                self.on_connected(True)
                 self._wake.set()
                 writer = asyncio.ensure_future(self._write(call))
                 self._outage_logged = False
@@ -426,7 +430,9 @@ class SchedulerClient:
                 if current is not None and current.cancelling():
                     raise
             finally:
-                self._synced.clear()
+                if self._synced.is_set():
+                    self._synced.clear()
+                    self.on_connected(False)
                 self._nothing_held = False
                 self._reservations = {}
                 self._stop_ride_timer()

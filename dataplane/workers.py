@@ -12,8 +12,11 @@ through it; the scheduler puts a turn without a run header in its run whichever 
 the run's last turn (scheduler/run_identity.py), once the worker that carried the reply has
 reported its tool calls, a moment after its client had it: a next turn sent through another
 worker within that moment starts a run of its own. A caller is named by its request's headers, so
-it is one caller across workers. What stays per worker: `/metrics` (a scrape sees the worker
-that took the connection), `/health`, and `[dataplane] max_connections` (a limit per worker).
+it is one caller across workers. `/metrics` is the dataplane's as a whole, whichever worker
+answers: each worker keeps its numbers in files in a private temporary directory this process
+makes before starting them and removes when they have stopped (PROMETHEUS_MULTIPROC_DIR,
+dataplane/metrics.py); a dead worker's gauges leave the sum, its counts stay. What stays per
+worker: `/health` and `[dataplane] max_connections` (a limit per worker).
 
 A worker that dies is started again after `RESTART_S`; one that dies `MAX_DEATHS` times within
 `DEATH_WINDOW_S` stops them all, with its exit code. SIGTERM, SIGINT and SIGHUP stop every
@@ -25,15 +28,20 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 
+from prometheus_client import multiprocess
+
 from luftpause import config as lp_config
 from luftpause import lifeline
+from luftpause.dataplane.metrics import MULTIPROC_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +72,8 @@ def listen(settings: lp_config.DataplaneSettings) -> socket.socket:
 
 
 class _Worker:
-    def __init__(self, k: int, argv: list[str], fd: int) -> None:
-        self.k, self.argv, self.fd = k, argv, fd
+    def __init__(self, k: int, argv: list[str], fd: int, metrics_dir: str) -> None:
+        self.k, self.argv, self.fd, self.metrics_dir = k, argv, fd, metrics_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.deaths: deque[float] = deque()
         self.restart_at: float | None = None
@@ -75,10 +83,15 @@ class _Worker:
             [*self.argv, "--worker", str(self.k), "--listen-fd", str(self.fd)],
             pass_fds=(self.fd,),
             stdin=subprocess.DEVNULL,
-            env=lifeline.child_env(),
+            env={**lifeline.child_env(), MULTIPROC_DIR_ENV: self.metrics_dir},
             preexec_fn=lifeline.preexec,
         )
         self.restart_at = None
+
+    def died(self) -> None:
+        """Its gauges (turns in flight, its scheduler link) leave the dataplane's; its counts stay."""
+        assert self.proc is not None
+        multiprocess.mark_process_dead(self.proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
 
 
 def serve_workers(config: lp_config.Config, argv: list[str]) -> None:
@@ -88,7 +101,22 @@ def serve_workers(config: lp_config.Config, argv: list[str]) -> None:
     --config FILE`); each worker gets `--worker K --listen-fd FD` added."""
     settings = config.dataplane
     sock = listen(settings)
-    workers = [_Worker(k, argv, sock.fileno()) for k in range(settings.workers)]
+    # The workers' metrics, one dataplane's: fresh for each start, private (mode 0700).
+    metrics_dir = tempfile.mkdtemp(prefix="luftpause-dataplane-metrics-")
+    try:
+        failed = _serve(settings, argv, sock, metrics_dir)
+    finally:
+        sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    if failed:
+        raise SystemExit(failed)
+
+
+def _serve(
+    settings: lp_config.DataplaneSettings, argv: list[str], sock: socket.socket, metrics_dir: str
+) -> int:
+    """Runs the workers until a signal (0) or one dying too often (its exit code, or 1)."""
+    workers = [_Worker(k, argv, sock.fileno(), metrics_dir) for k in range(settings.workers)]
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -96,12 +124,12 @@ def serve_workers(config: lp_config.Config, argv: list[str]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    for worker in workers:
-        worker.start()
-    log.info("dataplane on http://%s:%d in %d workers, scheduler at %s",
-             settings.host, settings.port, len(workers), settings.scheduler)  # fmt: skip
     failed = 0
     try:
+        for worker in workers:
+            worker.start()
+        log.info("dataplane on http://%s:%d in %d workers, scheduler at %s",
+                 settings.host, settings.port, len(workers), settings.scheduler)  # fmt: skip
         while not stopping and not failed:
             now = time.monotonic()
             for worker in workers:
@@ -110,6 +138,7 @@ def serve_workers(config: lp_config.Config, argv: list[str]) -> None:
                 if code is None:
                     continue
                 if worker.restart_at is None:
+                    worker.died()
                     worker.deaths.append(now)
                     while worker.deaths and now - worker.deaths[0] > DEATH_WINDOW_S:
                         worker.deaths.popleft()
@@ -126,9 +155,7 @@ def serve_workers(config: lp_config.Config, argv: list[str]) -> None:
             time.sleep(WATCH_PERIOD_S)
     finally:
         _stop(workers)
-        sock.close()
-    if failed:
-        raise SystemExit(failed)
+    return failed
 
 
 def _stop(workers: list[_Worker]) -> None:
