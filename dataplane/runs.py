@@ -15,7 +15,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from luftpause.lifecycle import RUN_IDLE_EXPIRY_S, EndedRuns, Phase, pauses_run, phase_after_turn
+from luftpause.lifecycle import (
+    RUN_IDLE_EXPIRY_S,
+    EndedRuns,
+    Phase,
+    forgotten,
+    keeps_run_state,
+    pauses_run,
+    phase_after_turn,
+)
 from luftpause.proto import pb
 
 _PB_PHASES = {Phase.IDLE: pb.IDLE, Phase.GENERATING: pb.GENERATING, Phase.PAUSED: pb.PAUSED}
@@ -112,7 +120,7 @@ class RunBook:
         stale = [
             r.run_id
             for r in self.runs.values()
-            if not self._turn_count.get(r.run_id) and now - r.last_activity > self._idle_expiry_s
+            if not self._turn_count.get(r.run_id) and forgotten(now - r.last_activity, self._idle_expiry_s)
         ]
         for run_id in stale:
             del self.runs[run_id]
@@ -186,5 +194,4 @@ def split_resync(request: pb.ResyncRequest, max_bytes: int = RESYNC_CHUNK_BYTES)
 
 
 def _in_run_state(turn: PlacedTurn) -> bool:
-    """Single-pass turns, and decide's turns sent without a run, keep no run state (as in the scheduler)."""
-    return turn.kind == pb.GENERATIVE and turn.run_id != ""
+    return keeps_run_state(turn.kind == pb.GENERATIVE, turn.run_id)

@@ -6,9 +6,10 @@ runtime's turns read them from here, so a change to one is made in one place:
 - when a model's reply pauses its run: it asked for tools, so the agent will come back with the
   results, to the replica that holds its prefix (`pauses_run`), and which phase a run is in
   once one of its turns has ended (`phase_after_turn`);
-- how long a run with no turn is remembered before its next turn starts afresh
-  (`RUN_IDLE_EXPIRY_S`), and how long, and how many, ended runs are remembered as ended
-  (`EndedRuns`), so that a book still holding one (another worker's) cannot bring it back;
+- which turns enter run state at all (`keeps_run_state`); how long a run with no turn is
+  remembered before its next turn starts afresh (`RUN_IDLE_EXPIRY_S`, `forgotten`), and how
+  long, and how many, ended runs are remembered as ended (`EndedRuns`), so that a book still
+  holding one (another worker's) cannot bring it back;
 - the headers that carry a turn's run, class and caller, the class names, and how long a caller
   may be (`CALLER_MAX_BYTES`).
 """
@@ -23,6 +24,19 @@ RUN_IDLE_EXPIRY_S = 30 * 60.0
 # At most this many ended runs are remembered as ended (the oldest go first); each for
 # RUN_IDLE_EXPIRY_S, by when every book has let the run go for being idle.
 ENDED_RUNS_KEPT = 100_000
+
+
+def forgotten(quiet_s: float, expiry_s: float = RUN_IDLE_EXPIRY_S) -> bool:
+    """Whether a run with no turn for `quiet_s` is forgotten (at the expiry itself, it is): the
+    scheduler's core and the dataplane's run book let a quiet run go by this one comparison."""
+    return quiet_s >= expiry_s
+
+
+def keeps_run_state(generative: bool, run_id: str) -> bool:
+    """Whether a turn enters its run's state: single-pass turns keep none between calls, and
+    decide's turns sent without a run have no run to keep it in."""
+    return generative and run_id != ""
+
 
 RUN_ID_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"

@@ -527,7 +527,7 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
         actions.append(TurnExpired(turn.turn_id, turn.run_id, turn.replica))
     while tx.quiet_order:
         last_activity, run_id = tx.quiet_order.first()
-        if e.at - last_activity < RUN_IDLE_EXPIRY_S:
+        if not lifecycle.forgotten(e.at - last_activity):
             break
         # A forgotten paused run frees the slot batch was keeping for it; the drain sees that.
         _set_run(tx, run_id, None)
@@ -715,8 +715,7 @@ def _refresh_router(tx: _Tx, name: str) -> None:
 
 
 def _tracks_run(turn: Turn) -> bool:
-    # Single-pass turns keep no state between calls, so they never enter run state.
-    return turn.kind is _GENERATIVE and turn.run_id != ""
+    return lifecycle.keeps_run_state(turn.kind is _GENERATIVE, turn.run_id)
 
 
 _pin = pinned_to

@@ -1,6 +1,7 @@
 """The dataplane's view of runs and turns in flight, as the resync sends it."""
 
 from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.lifecycle import RUN_IDLE_EXPIRY_S
 from luftpause.proto import pb
 
 
@@ -72,6 +73,16 @@ def test_runs_with_no_turn_for_30_minutes_are_dropped_from_the_resync():
     book.placed(_turn("t2", "fresh"), now=100.0)
     book.apply(_completed("t2", "stop", run_id="fresh"), now=100.0)
     assert [r.run_id for r in book.resync_request(now=30 * 60.0 + 1).runs] == ["fresh"]
+
+
+def test_the_book_forgets_a_quiet_run_at_the_moment_the_scheduler_does():
+    book = RunBook()
+    book.placed(_turn("t1"), now=0.0)
+    book.apply(_completed("t1", "stop"), now=0.0)
+    assert [r.run_id for r in book.resync_request(now=RUN_IDLE_EXPIRY_S - 1).runs] == ["run-1"]
+    # At the expiry itself the core forgets it (tests/scheduler/test_admission.py), so a resync
+    # then must not bring it back.
+    assert list(book.resync_request(now=RUN_IDLE_EXPIRY_S).runs) == []
 
 
 def test_a_run_with_a_turn_in_flight_is_kept_however_long_it_takes():
