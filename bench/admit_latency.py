@@ -30,9 +30,9 @@ from typing import Any
 
 import httpx
 
+from luftpause.bearer import token_from_env
 from luftpause.bench import results
 from luftpause.bench.common import free_port
-from luftpause.config import TOKEN_ENV
 from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb
@@ -94,7 +94,7 @@ def _scheduler(tmp: Path):
 
 async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> list[float]:
     # The scheduler started here inherits LUFTPAUSE_TOKEN, and then asks for it.
-    client = SchedulerClient(target, RunBook(), os.environ.get(TOKEN_ENV))
+    client = SchedulerClient(target, RunBook(), token_from_env())
     await client.start()
     try:
         deadline = time.monotonic() + 10

@@ -10,10 +10,10 @@ itself (`app.DataplaneApp`), ahead of the middleware that guards the other route
 from __future__ import annotations
 
 import logging
-import os
 
 from starlette.types import Scope, Send
 
+from luftpause import bearer
 from luftpause.bearer import BearerAuth, send_401
 
 __all__ = ["BearerAuth", "guarded", "refuse", "token_from_env"]
@@ -27,10 +27,7 @@ _UNAUTHORIZED = error_json(f"missing or wrong bearer token (see {TOKEN_ENV})")
 
 def token_from_env() -> str | None:
     """The token every /v1 request must carry, or None (with a warning) when the variable is unset."""
-    token = os.environ.get(TOKEN_ENV) or None
-    if token is None:
-        log.warning("%s is not set: the dataplane's /v1 routes accept every client", TOKEN_ENV)
-    return token
+    return bearer.token_from_env("the dataplane's /v1 routes accept every client")
 
 
 async def refuse(scope: Scope, send: Send) -> None:

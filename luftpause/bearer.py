@@ -5,16 +5,32 @@ case), and the token is compared in constant time so that its bytes cannot be fo
 time by timing. `BearerAuth` is the one ASGI middleware that applies it: each service says which
 requests it guards and how a refusal reads (the dataplane answers the house error body, the
 runtime a JSON-RPC error on /mcp), and a request it does not guard passes untouched.
+`token_from_env` is how every service and command reads the token, an empty variable as none.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from luftpause.config import TOKEN_ENV
+
+log = logging.getLogger(__name__)
+
 _SCHEME = b"bearer "
+
+
+def token_from_env(unguarded: str | None = None, name: str = TOKEN_ENV) -> str | None:
+    """The token in the variable `name` (LUFTPAUSE_TOKEN), None when it is unset or empty; with
+    `unguarded` (what is open without it), a service's warning that it is not set."""
+    token = os.environ.get(name) or None
+    if token is None and unguarded is not None:
+        log.warning("%s is not set: %s", name, unguarded)
+    return token
 
 
 def bearer_matches(authorization: bytes | None, token: bytes) -> bool:

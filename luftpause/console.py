@@ -66,7 +66,9 @@ def _config(args: argparse.Namespace) -> config.Config:
 
 
 def _bearer(*names: str) -> dict[str, str]:
-    token = next((os.environ[n] for n in names if os.environ.get(n)), None)
+    from luftpause.bearer import token_from_env
+
+    token = next((t for n in names if (t := token_from_env(name=n))), None)
     return {"authorization": f"Bearer {token}"} if token else {}
 
 

@@ -12,17 +12,16 @@ bearer goes along, since the runtime's /status needs it then.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import httpx
 
 from luftpause import config
+from luftpause.bearer import token_from_env
 from luftpause.cli import build_parser
 
 TIMEOUT_S = 2.0
-TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
 
 def service_arguments(cmdline: list[str]) -> list[str]:
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, config.ConfigError, SystemExit) as e:
         print(f"healthcheck: {e}", file=sys.stderr)
         return 1
-    token = os.environ.get(TOKEN_ENV)
+    token = token_from_env()
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         status = httpx.get(url, headers=headers, timeout=TIMEOUT_S).status_code

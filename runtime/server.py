@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,8 +31,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from luftpause import __version__, http_server, logs, tracing
-from luftpause.bearer import Tokens
-from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV, Config
+from luftpause.bearer import Tokens, token_from_env
+from luftpause.config import OPERATOR_TOKEN_ENV, Config
 from luftpause.errors import error_body
 from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.runtime import auth
@@ -146,10 +145,8 @@ def build_app(config: Config, state_dir: str | None = None, token: str | None = 
     to the dataplane; without one everyone is accepted, with a warning.
     """
     if token is None:
-        token = os.environ.get(TOKEN_ENV) or None
-    if token is None:
-        log.warning("runtime: %s is not set: /mcp and /status accept everyone", TOKEN_ENV)
-    operator_token = os.environ.get(OPERATOR_TOKEN_ENV) or None
+        token = token_from_env("the runtime's /mcp and /status accept everyone")
+    operator_token = token_from_env(name=OPERATOR_TOKEN_ENV)
     runtime = Runtime(config, state_dir, token=token, operator_token=operator_token)
     mcp = build_mcp(runtime)
     limit = config.runtime.max_body_bytes

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import socket
 import time
@@ -36,7 +35,7 @@ from opentelemetry.trace import StatusCode
 
 from luftpause import config as _config
 from luftpause import counts, http_server, tracing
-from luftpause.bearer import bearer_matches
+from luftpause.bearer import bearer_matches, token_from_env
 from luftpause.config import TOKEN_ENV
 from luftpause.hosts import HostGuard, allowed_hosts
 from luftpause.lifecycle import EndedRuns
@@ -782,10 +781,7 @@ async def _main(config: _config.Config) -> None:
             f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
         ) from None
 
-    token = os.environ.get(TOKEN_ENV) or None
-    if token is None:
-        log.warning("%s is not set: the scheduler's gRPC port takes calls from anyone who can reach %s",
-                    TOKEN_ENV, settings.host)  # fmt: skip
+    token = token_from_env(f"the scheduler's gRPC port takes calls from anyone who can reach {settings.host}")
     server = grpc_server(token)
     rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     try:
