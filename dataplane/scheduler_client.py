@@ -42,6 +42,7 @@ import grpc.aio
 from luftpause import config as lp_config
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
 from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.errors import no_replica_serves
 from luftpause.lifecycle import pauses_run
 from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
 
@@ -181,7 +182,8 @@ class SchedulerClient:
         finally:
             abandoned.remove_done_callback(leave)
         if reply.outcome == pb.AdmitReply.UNKNOWN_MODEL:
-            raise UnknownModel(reply.message or f"no Generative replica serves model '{request.model}'")
+            kind = "generative" if request.kind == pb.GENERATIVE else "single-pass"
+            raise UnknownModel(reply.message or no_replica_serves(kind, request.model))
         if reply.outcome != pb.AdmitReply.PLACED:
             raise SchedulerFailed(f"scheduler: unexpected admission outcome {reply.outcome}")
         return reply

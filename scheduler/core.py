@@ -83,6 +83,7 @@ from typing import Any
 from immutables import Map
 
 from luftpause import lifecycle
+from luftpause.errors import no_replica_serves
 from luftpause.scheduler import admission, fairness, gate, outliers
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.events import (
@@ -172,7 +173,7 @@ def decide(state: State, event: Event) -> Decision:
 
 def refusal_message(kind: Kind, model: str) -> str:
     """What a client sees when no replica of `kind` serves `model` (404 at the dataplane)."""
-    return f"no {kind.label} replica serves model '{model}'"
+    return no_replica_serves(kind.value, model)
 
 
 def replay(events: Iterable[Event], state: State | None = None) -> tuple[State, list[Action]]:

@@ -20,6 +20,7 @@ from immutables import Map
 
 from luftpause import lifecycle
 from luftpause.defaults import GATE_MIN_RUNS, LOOKAHEAD, OUTLIER_EJECTION_BASE_S
+from luftpause.errors import KIND_LABELS
 from luftpause.lifecycle import Phase as Phase  # re-exported: the scheduler imports it from here
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 from luftpause.scheduler.outliers import FRESH, Outlier
@@ -41,7 +42,7 @@ class Kind(StrEnum):
     @property
     def label(self) -> str:
         """The name used in messages clients see, e.g. "no Generative replica serves model ..."."""
-        return "Generative" if self is Kind.GENERATIVE else "SinglePass"
+        return KIND_LABELS[self.value]
 
 
 class TurnStatus(StrEnum):

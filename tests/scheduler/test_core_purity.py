@@ -68,4 +68,4 @@ def test_the_check_flags_the_process_around_the_core() -> None:
     found = impurities("luftpause.scheduler.host")
     for expected in ("grpc", "threading", "pydantic", "socket"):
         assert expected in found, found
-    assert "luftpause.scheduler.host imports os" in found
+    assert "luftpause.scheduler.host imports asyncio" in found
