@@ -94,7 +94,7 @@ class SchedulerClient:
     def __init__(self, target: str, runs: RunBook, token: str | None = None, name: str = "") -> None:
         self._target = target
         self.runs = runs
-        # The scheduler's gRPC port takes only calls carrying the token (scheduler/host.py); the
+        # The scheduler's gRPC port takes only calls carrying the token (scheduler/grpc_auth.py); the
         # name (`dataplane_name`) scopes this dataplane's resync where several share the scheduler.
         metadata = []
         if token:

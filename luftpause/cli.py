@@ -35,7 +35,7 @@ def service_name(command: str) -> str:
 
 
 def _scheduler(args: argparse.Namespace) -> None:
-    from luftpause.scheduler.host import serve
+    from luftpause.scheduler.main import serve
 
     serve(_load_config(args))
 

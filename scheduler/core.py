@@ -7,9 +7,10 @@ The scheduler answers one question, "where does this turn go, and when?", for a 
 replicas it does not own and runs it only hears about. It does no I/O, reads no clock and draws
 no random numbers: everything it knows arrives as an event (`events.py`), stamped with the time
 it happened, and everything it wants done leaves as an action (`actions.py`). The gRPC host, the
-prober and the clock (`host.py`, `prober.py`) translate between the world and these two
-vocabularies; the simulator feeds the same function in virtual time. Feeding the same events to
-the same state gives the same actions, always: replaying a recorded log reproduces every decision.
+prober and the clock (`host.py`, `wire.py`, `prober.py`, `main.py`) translate between the world
+and these two vocabularies; the simulator feeds the same function in virtual time. Feeding the
+same events to the same state gives the same actions, always: replaying a recorded log
+reproduces every decision.
 
 There are three kinds of thing, each with a small state machine:
 

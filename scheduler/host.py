@@ -1,6 +1,7 @@
-"""The scheduler process: the gRPC server, the prober, the clock and the status server around `decide`.
+"""The host around `decide`: the state, the events fed to it, the actions carried out, and the
+gRPC service the dataplanes call (the process that runs it is main.py).
 
-Everything here translates. Each dataplane keeps one Turns stream open (a `Link` here): an admit
+Everything here translates (the messages themselves: wire.py). Each dataplane keeps one Turns stream open (a `Link` here): an admit
 on it becomes a `TurnArrived`, and the `Place` or `Refuse` the core emits for that turn (at once
 or after being held) goes back on the same stream; every other item becomes the matching turn
 event, stamped with this process's monotonic clock on receipt. A stream that ends abandons the
@@ -13,7 +14,7 @@ for reservations gets the core's `Reserved` and `Revoked` on its latest stream; 
 An admit without a run header is put in its run here (`run_identity`), by the tool_call_ids it
 echoes, so that it is found whichever dataplane its run's last turn went through. The prober and a 1 s tick
 feed `ReplicaProbed` and `Tick`. With `LUFTPAUSE_TOKEN` set, the gRPC port takes only calls that
-carry it as a bearer token (`BearerCheck`). All of it runs on one asyncio event loop and
+carry it as a bearer token (grpc_auth.py). All of it runs on one asyncio event loop and
 `SchedulerHost.feed` never awaits, so calls into `decide` are serialised without a lock: each runs
 to completion, actions included, before the next event is looked at.
 """
@@ -21,47 +22,34 @@ to completion, actions included, before the next event is looked at.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import signal
-import socket
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, Callable, Sequence
+from typing import Any
 
 import grpc
 from opentelemetry.trace import StatusCode
 
 from luftpause import config as _config
-from luftpause import counts, http_server, tracing
-from luftpause.bearer import bearer_matches, token_from_env
-from luftpause.config import TOKEN_ENV
-from luftpause.hosts import HostGuard, allowed_hosts
+from luftpause import tracing
 from luftpause.lifecycle import EndedRuns
-from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
+from luftpause.proto import MAX_BATCH_ITEMS, pb, rpc
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.core import decide
-from luftpause.scheduler.metrics import ACTION_NAMES, HostCounts, SchedulerCollector, registry_of
-from luftpause.scheduler.prober import run_prober
+from luftpause.scheduler.metrics import ACTION_NAMES, HostCounts
 from luftpause.scheduler.run_identity import RunIdentity
-from luftpause.scheduler.state import Kind, Phase, ServiceClass, State
-from luftpause.scheduler.status import HeldHistory, build_app, runtime_origins
+from luftpause.scheduler.state import State
+from luftpause.scheduler.status import HeldHistory
+from luftpause.scheduler.wire import dataplane_of, placement, resynced, turn_event, turn_fields
 
 log = logging.getLogger("luftpause.scheduler")
 
-TICK_PERIOD_S = 1.0
 # A dataplane with no Turns stream open for this long is forgotten (its entry in /status's
 # `dataplanes`); what came through it stays, as after any stream's end: its runs until they go idle
 # or move to another dataplane, its turns in flight until reported or TURN_TIMEOUT_S (core.py).
 DATAPLANE_FORGET_S = 300.0
-# How long a refused call's request stream is read before the refusal is sent.
-REFUSAL_DRAIN_S = 1.0
-
-_CLASSES = {pb.INTERACTIVE: ServiceClass.INTERACTIVE, pb.BATCH: ServiceClass.BATCH}
-_KINDS = {pb.GENERATIVE: Kind.GENERATIVE, pb.SINGLE_PASS: Kind.SINGLE_PASS}
-_PHASES = {pb.IDLE: Phase.IDLE, pb.GENERATING: Phase.GENERATING, pb.PAUSED: Phase.PAUSED}
 
 
 class Link:
@@ -150,26 +138,6 @@ class Link:
     def close(self) -> None:
         self.closed = True
         self.ready.set()
-
-
-def placement(action: Place | Refuse) -> pb.Placement:
-    """The core's answer to a turn as the dataplane reads it."""
-    if isinstance(action, Refuse):
-        reply = pb.AdmitReply(
-            outcome=pb.AdmitReply.UNKNOWN_MODEL, message=action.message, run_id=action.run_id
-        )
-    else:
-        reply = pb.AdmitReply(
-            outcome=pb.AdmitReply.PLACED,
-            replica=action.replica,
-            url=action.url,
-            held_ms=action.held_s * 1000.0,
-            run_id=action.run_id,
-            reservation_id=action.reservation_id,
-        )
-        if action.slot is not None:
-            reply.slot = action.slot
-    return pb.Placement(turn_id=action.turn_id, reply=reply)
 
 
 @dataclasses.dataclass(slots=True)
@@ -482,84 +450,8 @@ class SchedulerHost:
         return False
 
 
-def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
-    """The core event for one turn event from the Turns stream, or None for one with no event set."""
-    match message.WhichOneof("event"):
-        case "started":
-            return ev.TurnStarted(message.turn_id, message.run_id, at, message.started.streamed)
-        case "first_token":
-            return ev.FirstToken(message.turn_id, message.run_id, at)
-        case "completed":
-            c = message.completed
-            # A count out of range is unknown, as one never sent (0 on the wire): luftpause/counts.py.
-            return ev.TurnCompleted(
-                message.turn_id,
-                message.run_id,
-                c.finish_reason,
-                counts.token_count(c.prompt_tokens) or 0,
-                counts.token_count(c.completion_tokens) or 0,
-                tuple(c.tool_call_ids),
-                at,
-            )
-        case "failed":
-            failed = message.failed
-            return ev.TurnFailed(message.turn_id, message.run_id, failed.error, at, failed.replica_fault)
-        case "abandoned":
-            return ev.TurnAbandoned(message.turn_id, message.run_id, at)
-        case "run_ended":
-            return ev.RunEnded(message.run_id, at)
-    return None
-
-
 def _admit_attributes(turn_id: str, run_id: str) -> dict[str, str | float | bool]:
     return {"luftpause.turn_id": turn_id, "luftpause.run_id": run_id}
-
-
-def _turn_fields(message: pb.AdmitRequest | pb.InFlightTurn) -> dict[str, Any]:
-    """What an admission and a turn in a resync say alike about a turn, as the core's fields; an
-    admission also its size, which a turn in a resync does not carry."""
-    fields: dict[str, Any] = {
-        "turn_id": message.turn_id,
-        "run_id": message.run_id,
-        "service_class": _CLASSES.get(message.service_class, ServiceClass.INTERACTIVE),
-        "caller": message.caller,
-        "model": message.model,
-        "kind": _KINDS.get(message.kind, Kind.GENERATIVE),
-    }
-    if isinstance(message, pb.AdmitRequest):
-        # 0 on the wire is "not sent" (an older dataplane, or a body without max_tokens).
-        fields["request_bytes"] = max(0, message.request_bytes)
-        fields["max_tokens"] = counts.token_count(message.max_tokens) or None
-    return fields
-
-
-def dataplane_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The name a call's dataplane gives itself; "" for a single unnamed one."""
-    for key, value in context.invocation_metadata() or ():
-        if key == DATAPLANE_KEY:
-            return value if isinstance(value, str) else value.decode(errors="replace")
-    return ""
-
-
-def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Resynced:
-    """The core event for a whole resync (its messages' runs and turns put together)."""
-    return ev.Resynced(
-        runs=tuple(
-            ev.ResyncedRun(
-                run_id=r.run_id,
-                replica=r.replica or None,
-                phase=_PHASES.get(r.phase, Phase.IDLE),
-                service_class=_CLASSES.get(r.service_class, ServiceClass.INTERACTIVE),
-                caller=r.caller,
-                # Not a finite time (NaN, inf, negative): unknown, taken as active just now.
-                idle_s=counts.duration_s(r.idle_s) or 0.0,
-            )
-            for r in request.runs
-        ),
-        turns=tuple(ev.ResyncedTurn(**_turn_fields(t), replica=t.replica) for t in request.turns),
-        at=at,
-        dataplane=dataplane,
-    )
 
 
 class BatchTooLarge(Exception):
@@ -625,7 +517,7 @@ class SchedulerService(rpc.SchedulerServicer):
                 if not request.turn_id:
                     log.warning("an admit without a turn_id was ignored (run %r)", request.run_id)
                     return
-                arrived = ev.TurnArrived(**_turn_fields(request), at=host.clock(), dataplane=link.dataplane)
+                arrived = ev.TurnArrived(**turn_fields(request), at=host.clock(), dataplane=link.dataplane)
                 if tracing.TRACER is not None:
                     host.trace_arrival(request.turn_id, request.traceparent)
                 host.admit(arrived, link, request.echoed_tool_call_ids)
@@ -636,7 +528,7 @@ class SchedulerService(rpc.SchedulerServicer):
                     log.warning("a used reservation without a turn_id was ignored (%r)", used.reservation_id)
                     return
                 at = host.clock()
-                arrived = ev.TurnArrived(**_turn_fields(used.admit), at=at, dataplane=link.dataplane)
+                arrived = ev.TurnArrived(**turn_fields(used.admit), at=at, dataplane=link.dataplane)
                 host.used_reservation(
                     ev.ReservationUsed(used.reservation_id, used.replica, arrived, at), used.admit.traceparent
                 )
@@ -677,183 +569,3 @@ class SchedulerService(rpc.SchedulerServicer):
 
 
 # The request and response messages of whichever call an interceptor or handler sees.
-_Req = TypeVar("_Req")
-_Resp = TypeVar("_Resp")
-
-
-class BearerCheck(grpc.aio.ServerInterceptor):
-    """Refuses (UNAUTHENTICATED) every call whose metadata lacks `authorization: Bearer <token>`,
-    compared in constant time as the dataplane compares its clients' (dataplane/auth.py)."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
-        handler = await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        authorization = metadata.get("authorization")
-        if isinstance(authorization, str):  # gRPC gives bytes only for keys ending in -bin
-            authorization = authorization.encode()
-        if handler is None or bearer_matches(authorization or None, self._token):
-            return handler
-        return _refusing(handler)
-
-
-def _refusing(handler: grpc.RpcMethodHandler[_Req, _Resp]) -> grpc.RpcMethodHandler[_Req, _Resp]:
-    """A handler of the same shape as `handler` that answers UNAUTHENTICATED and does nothing else."""
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext[_Req, _Resp]) -> None:
-        if handler.request_streaming:
-            # Read what the client sends (for a moment at most) before answering: a stream closed
-            # under a client still writing reaches it as INTERNAL, not as the refusal.
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(REFUSAL_DRAIN_S):
-                    async for _ in request:
-                        pass
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong bearer token (see {TOKEN_ENV})"
-        )
-
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return make(refuse, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)  # fmt: skip
-
-
-def grpc_server(token: str | None) -> grpc.aio.Server:
-    """The scheduler's gRPC server, taking only calls that carry `token` when there is one."""
-    return grpc.aio.server(
-        interceptors=[BearerCheck(token)] if token else None,
-        # gRPC sets SO_REUSEPORT by default, which lets a second scheduler bind the same port and
-        # take half of the first one's connections; a port in use must be an error instead.
-        options=[("grpc.so_reuseport", 0)],
-    )
-
-
-class _StatusServer(http_server.Server):
-    """The status port, bounded as every HTTP port is (luftpause/http_server.py, `[scheduler]`)."""
-
-    # The process handles SIGTERM/SIGINT itself (see `_main`) and then stops this server.
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    # uvicorn's own backlog: a burst of connections waits in the kernel's queue rather than
-    # having its handshakes dropped (and retried a second later).
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-async def _ticks(host: SchedulerHost) -> None:
-    while True:
-        await asyncio.sleep(TICK_PERIOD_S)
-        host.tick()
-
-
-async def _main(config: _config.Config) -> None:
-    settings = config.scheduler
-    host = SchedulerHost(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    try:
-        status_socket = _listen(settings.host, settings.status_port)
-    except OSError as e:
-        raise SystemExit(
-            f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
-        ) from None
-
-    token = token_from_env(f"the scheduler's gRPC port takes calls from anyone who can reach {settings.host}")
-    server = grpc_server(token)
-    rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
-    try:
-        bound = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
-    except RuntimeError:
-        bound = 0
-    if bound == 0:
-        status_socket.close()
-        raise SystemExit(f"luftpause scheduler: cannot listen on {settings.host}:{settings.grpc_port} (gRPC)")
-    await server.start()
-
-    status = _StatusServer(
-        http_server.uvicorn_config(
-            HostGuard(
-                build_app(
-                    lambda: host.state,
-                    host.clock,
-                    token,
-                    host.dataplane_documents,
-                    registry_of(
-                        SchedulerCollector(lambda: host.state, host.clock, host.counts, host.streams_open)
-                    ),
-                    host.held_history,
-                    runtime_origins(config),
-                ),
-                allowed_hosts(config),
-            ),
-            settings,
-            "scheduler",
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-        ),
-        settings,
-        "scheduler",
-    )
-    tasks = [
-        asyncio.create_task(status.serve(sockets=[status_socket]), name="status"),
-        asyncio.create_task(
-            run_prober(config.replicas, settings.probe_period_s, host.feed, host.clock), name="prober"
-        ),
-        asyncio.create_task(_ticks(host), name="clock"),
-    ]
-    log.info(
-        "gRPC on %s:%d, status on http://%s:%d/, %d replicas: %s",
-        settings.host,
-        settings.grpc_port,
-        settings.host,
-        settings.status_port,
-        len(config.replicas),
-        ", ".join(r.name for r in config.replicas),
-    )
-
-    stopped = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    failed = [t for t in done if t is not stopped]
-    for task in failed:
-        log.error("the %s task stopped unexpectedly", task.get_name(), exc_info=task.exception())
-
-    log.info("stopping")
-    status.should_exit = True
-    # Open Turns streams are cancelled here; their held turns leave the queue as abandoned.
-    await server.stop(grace=1.0)
-    for task in tasks[1:]:
-        task.cancel()
-    stopped.cancel()
-    await asyncio.gather(*tasks, stopped, return_exceptions=True)
-    if failed:
-        raise SystemExit(1)
-
-
-def serve(config: _config.Config) -> None:
-    """Runs the scheduler in the foreground until SIGTERM or SIGINT."""
-    tracing.setup("luftpause-scheduler")
-    asyncio.run(_main(config))

@@ -1,6 +1,6 @@
 """The decision core is pure in what it loads, not only in its own text: imported in a fresh
 interpreter, `luftpause.scheduler.core` brings in no I/O, clock, randomness, threads or pydantic,
-and none of the luftpause modules it loads imports one. (The process around it, host.py, loads
+and none of the luftpause modules it loads imports one. (The process around it, main.py and host.py, loads
 all of those: the same check flags it, so the check can fail.)"""
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ def test_the_core_loads_nothing_impure() -> None:
 
 
 def test_the_check_flags_the_process_around_the_core() -> None:
-    found = impurities("luftpause.scheduler.host")
+    found = impurities("luftpause.scheduler.main")
     for expected in ("grpc", "threading", "pydantic", "socket"):
         assert expected in found, found
-    assert "luftpause.scheduler.host imports asyncio" in found
+    assert (
+        "luftpause.scheduler.main imports asyncio" in found
+        and "luftpause.scheduler.host imports grpc" in found
+    )
