@@ -28,12 +28,13 @@ from luftpause import config as lp_config
 from luftpause import http_server, logs, tracing
 from luftpause.bearer import Tokens
 from luftpause.dataplane import auth, headers
+from luftpause.dataplane.answer import quiet_deliberate_cut_offs
 from luftpause.dataplane.auth import token_from_env
 from luftpause.dataplane.decide import Decide
 from luftpause.dataplane.errors import TurnRefused, error_response, refusal_response
 from luftpause.dataplane.metrics import CONTENT_TYPE
 from luftpause.dataplane.openapi import describe_turn_routes
-from luftpause.dataplane.proxy import Proxy, quiet_deliberate_cut_offs
+from luftpause.dataplane.proxy import Proxy
 from luftpause.dataplane.scheduler_client import dataplane_name
 from luftpause.hosts import HostGuard, allowed_hosts
 

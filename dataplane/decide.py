@@ -30,9 +30,11 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from luftpause.dataplane import headers
+from luftpause.dataplane.answer import Answer
 from luftpause.dataplane.errors import BadTurnRequest, TurnRefused
-from luftpause.dataplane.proxy import Answer, ProxiedTurn, Proxy
+from luftpause.dataplane.proxy import Proxy
 from luftpause.dataplane.run_identity import new_run_id
+from luftpause.dataplane.turn import ProxiedTurn, request_object
 from luftpause.proto import pb
 
 MIN_LABELS, MAX_LABELS = 2, 20
@@ -49,15 +51,8 @@ class DecideRequest:
 
 def parse_decide(body: bytes) -> DecideRequest:
     """Reads a decide body; BadTurnRequest names what is wrong with it."""
-    try:
-        payload = json.loads(body)
-    except ValueError as e:
-        raise BadTurnRequest(f"request body must be JSON: {e}") from None
-    if not isinstance(payload, dict):
-        raise BadTurnRequest("request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadTurnRequest('request body must name the model as a string in "model"')
+    payload = request_object(body)
+    model = payload["model"]
     raw_input = payload.get("input")
     inputs = [raw_input] if isinstance(raw_input, str) else raw_input
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):

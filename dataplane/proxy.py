@@ -19,31 +19,35 @@ It is a plain ASGI callable rather than a FastAPI endpoint because a turn needs 
 itself: it watches for the client leaving at every stage, and a reply that breaks off mid-stream
 must reach the client as a connection closed before the end, not as a finished response.
 Steps 2 to 5 are also what `decide.Decide` runs its turns with.
+
+Beside it: the turn it carries (`turn.ProxiedTurn`), the client's side of the connection
+(`answer`), the engine request (`outgoing`), and the turn's span and metrics (`observe`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any
 
-from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause import config as lp_config
-from luftpause import logs, tracing
-from luftpause.dataplane import headers, limits, priority, usage
-from luftpause.dataplane.body import with_first_member
+from luftpause import logs
+from luftpause.dataplane import headers, limits, outgoing, usage
+from luftpause.dataplane.answer import (
+    Answer,
+    ClientLeft,
+    client_disconnect,
+    cut_off_on_purpose,
+    unless_client_leaves,
+)
 from luftpause.dataplane.engine_client import (
     EngineClient,
     EngineError,
@@ -52,25 +56,23 @@ from luftpause.dataplane.engine_client import (
     EngineTimedOut,
 )
 from luftpause.dataplane.errors import (
-    BadTurnRequest,
     DataplaneStopping,
     ReplicaTooSlow,
     ReplicaUnreachable,
     ReplicaUnreadable,
     TurnRefused,
-    refusal_response,
 )
 from luftpause.dataplane.metrics import UNKNOWN_CLASS, DataplaneMetrics
+from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
 from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.dataplane.sse import NotAnEventStream, ReplyObservation, StreamObserver, observe_completion
+from luftpause.dataplane.turn import ProxiedTurn, request_object, requested_max_tokens
 from luftpause.errors import error_json
 from luftpause.proto import pb
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 ENGINE_CONNECT_TIMEOUT_S = 2.0
 # Of a turn without a run header, at most this many echoed tool_call_ids (the newest) go to the
@@ -80,83 +82,6 @@ MAX_ECHOED_IDS = 16
 MAX_ERROR_CHARS = 1000
 # How often a warning that a replica may cause on every turn is logged, at most (per replica).
 WARN_EVERY_S = 60.0
-# Engine response headers the client gets along with the engine's status and body.
-_PASSED_HEADERS = ("content-type", "cache-control", "retry-after")
-_UNFINISHED = "ASGI callable returned without completing response"
-
-# Set in a turn's task when its reply is cut off on purpose (the engine broke off mid-stream).
-_cut_off_on_purpose: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "cut_off_on_purpose", default=False
-)
-
-
-class _QuietDeliberateCutOff(logging.Filter):
-    """Drops the server's error line about an unfinished response when we left it so on purpose.
-
-    Closing the connection before the end is how a client learns that an engine broke off
-    mid-stream; the server reports any such response as an application error. The server logs
-    it from the turn's own task after the endpoint returns, so the context variable the turn
-    set is still visible; any other unfinished response is still logged.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_cut_off_on_purpose.get() and record.getMessage().startswith(_UNFINISHED))
-
-
-_cut_off_filter = _QuietDeliberateCutOff()
-
-
-def quiet_deliberate_cut_offs() -> None:
-    """Installs the filter on the server's error log (once, however many apps a process makes)."""
-    server_log = logging.getLogger("uvicorn.error")
-    if _cut_off_filter not in server_log.filters:
-        server_log.addFilter(_cut_off_filter)
-
-
-class ClientLeft(Exception):
-    """The client disconnected before its turn was answered."""
-
-
-@dataclass(slots=True)
-class ProxiedTurn:
-    id: str
-    run_id: str
-    service_class: pb.ServiceClass
-    caller: str
-    model: str
-    traceparent: str
-    # Which route it came through, for the metrics: "chat" or "decide".
-    route: str = "chat"
-    kind: pb.ReplicaKind = pb.GENERATIVE
-    # The run the scheduler is told about; "" keeps the turn outside run state (decide).
-    scheduled_run_id: str | None = None
-    # With no run header: the tool_call_ids the messages echo, newest first, by which the
-    # scheduler may find the run (then `run_id` becomes that run's).
-    echoed: tuple[str, ...] = ()
-    replica: str = ""
-    # The client's body has a top-level "priority" of its own, which the engine gets unchanged.
-    client_priority: bool = False
-    # The client asked for a streamed reply: the engine's first token is then seen as it comes,
-    # which is what tells the scheduler that the engine started the turn (admission.py).
-    streamed: bool = False
-    # The client's body asks for usage in its stream itself (`usage.client_asked`).
-    client_usage: bool = False
-    # The body's size in bytes as received, and the reply limit it sets (0: none): what the
-    # scheduler's run gate sizes the turn by until its usage is known (AdmitRequest).
-    request_bytes: int = 0
-    max_tokens: int = 0
-    # When the engine request went out (perf_counter), for the time to the first token.
-    sent_at: float = 0.0
-    # Placed by the scheduler, and reported completed or failed: what a stop midway must tidy up.
-    placed: bool = False
-    ended: bool = False
-    first_token_seen: bool = False
-    # Its span while tracing is on (luftpause/tracing.py); None, and never made, while it is off.
-    span: Span | None = None
-
-    @property
-    def scheduler_run_id(self) -> str:
-        return self.run_id if self.scheduled_run_id is None else self.scheduled_run_id
 
 
 class Proxy:
@@ -169,6 +94,7 @@ class Proxy:
         self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token, name)
         self.metrics = DataplaneMetrics(r.name for r in config.replicas)
         self.scheduler.on_connected = self.metrics.scheduler_connected
+        self.observe = TurnObserver(self.metrics)
         # No overall read timeout on engine requests: a turn takes as long as the engine needs,
         # and admission, not a pool limit, bounds how many go to each engine; only an engine gone
         # silent (before its reply begins, or in the middle of it) is given up on.
@@ -179,7 +105,7 @@ class Proxy:
             idle_timeout_s=settings.engine_idle_timeout_s or None,
         )
         self._pruner: asyncio.Task[None] | None = None
-        self._now_and_then = NowAndThen(WARN_EVERY_S)
+        self._now_and_then = logs.NowAndThen(WARN_EVERY_S)
 
     async def open(self) -> None:
         await self.scheduler.start()
@@ -227,19 +153,17 @@ class Proxy:
         if read is None:
             return
         request, named, body = read
-        payload, problem = _read_turn_body(body)
 
         # 1. The run, as far as the request says, and the class and caller.
         run_id = named or new_run_id()
-        echoed = () if named else tuple(islice(echoed_tool_call_ids(payload.get("messages")), MAX_ECHOED_IDS))
         answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(run_id)})
         try:
-            if problem:
-                raise BadTurnRequest(problem)
+            payload = request_object(body)
             service_class = headers.service_class(request.headers.get(headers.SERVICE_CLASS))
         except TurnRefused as refusal:
             await self.refuse(answer, "chat", refusal)
             return
+        echoed = () if named else tuple(islice(echoed_tool_call_ids(payload.get("messages")), MAX_ECHOED_IDS))
         turn = ProxiedTurn(
             id=uuid.uuid4().hex,
             run_id=run_id,
@@ -267,14 +191,13 @@ class Proxy:
         `work` gets the scheduler's placement and the future that completes when the client
         leaves. Whatever happens, the turn leaves here answered or abandoned, reported, its slot free.
         """
-        if tracing.TRACER is not None:
-            _open_span(tracing.TRACER, turn)
+        self.observe.opened(turn)
         with logs.about(run_id=turn.run_id, turn_id=turn.id, span=turn.span):
             await self._run_turn(turn, answer, receive, work)
             log.debug("turn %s of run %s ended (%s)", turn.id, turn.run_id, turn.replica or "never placed")
 
     async def _run_turn(self, turn: ProxiedTurn, answer: Answer, receive: Receive, work: TurnWork) -> None:
-        client_left = asyncio.ensure_future(_client_disconnect(receive))
+        client_left = asyncio.ensure_future(client_disconnect(receive))
         try:
             placement = await self.place(turn, answer, client_left)
             if placement is not None:
@@ -285,13 +208,13 @@ class Proxy:
             if turn.placed and not turn.ended:
                 self.failed(turn, "the dataplane stopped")
             if not answer.started:
+                stopping = DataplaneStopping("the dataplane is stopping; send the turn again")
                 if not turn.placed:
-                    self.metrics.ended(turn.route, "refused", headers.class_name(turn.service_class))
-                await answer.refuse(DataplaneStopping("the dataplane is stopping; send the turn again"))
+                    self.observe.refused(turn, stopping.message)
+                await answer.refuse(stopping)
         finally:
             client_left.cancel()
-            if turn.span is not None:
-                turn.span.end()
+            self.observe.closed(turn)
 
     async def refuse(
         self, answer: Answer, route: str, refusal: TurnRefused, service_class: str = UNKNOWN_CLASS
@@ -323,25 +246,15 @@ class Proxy:
                 abandoned=client_left,
             )
         except TurnRefused as refusal:
-            if turn.span is not None:
-                turn.span.set_attribute("luftpause.outcome", "refused")
-                turn.span.set_status(StatusCode.ERROR, refusal.message)
-            await self.refuse(answer, turn.route, refusal, headers.class_name(turn.service_class))
+            self.observe.refused(turn, refusal.message)
+            await answer.refuse(refusal)
             return None
         if placement is None:
-            if turn.span is not None:
-                turn.span.set_attribute("luftpause.outcome", "abandoned")
             log.info("turn %s of run %s abandoned: the client left while it was held", turn.id, turn.run_id)
-            self.metrics.ended(turn.route, "abandoned", headers.class_name(turn.service_class))
+            self.observe.abandoned(turn)
             return None
-        held_s = time.perf_counter() - asked
-        self.metrics.admitted(headers.class_name(turn.service_class), placement.replica, held_s)
-        if turn.span is not None:
-            turn.span.set_attributes(
-                {"luftpause.replica": placement.replica, "luftpause.held_ms": held_s * 1000.0}
-            )
-        self.metrics.in_flight.inc()
         turn.replica, turn.placed = placement.replica, True
+        self.observe.admitted(turn, time.perf_counter() - asked)
         if turn.echoed and placement.run_id and placement.run_id != turn.run_id:
             # Its echoed tool_call_ids named the run it continues.
             turn.run_id = placement.run_id
@@ -413,12 +326,8 @@ class Proxy:
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
         self.started(turn)
         try:
-            response = await _unless_client_leaves(self.engines.post(request), client_left)
-            if turn.span is not None:
-                # Until the engine's response began: the time it kept the request before answering.
-                turn.span.set_attribute(
-                    "luftpause.engine_queue_ms", (time.perf_counter() - turn.sent_at) * 1000.0
-                )
+            response = await unless_client_leaves(self.engines.post(request), client_left)
+            self.observe.engine_answered(turn)
             return response
         except ClientLeft:
             self.failed(turn, "the client left before the engine answered")
@@ -449,7 +358,7 @@ class Proxy:
     ) -> bytes | None:
         """The whole body of a reply that is not streamed; None when the turn ended while reading."""
         try:
-            return await _unless_client_leaves(upstream.read(), client_left)
+            return await unless_client_leaves(upstream.read(), client_left)
         except ClientLeft:
             self.failed(
                 turn, f"engine answered {upstream.status_code}; the client left before the reply was read"
@@ -466,7 +375,7 @@ class Proxy:
         if content is None:
             return
         server_error = upstream.status_code >= 500
-        self.metrics.engine_error("http_5xx" if server_error else "http_4xx", turn.replica)
+        self.observe.engine_error(turn, "http_5xx" if server_error else "http_4xx")
         self.failed(
             turn,
             f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}",
@@ -493,22 +402,8 @@ class Proxy:
         is cut off; what was not valid is not passed on.
         """
         observer = StreamObserver(hide_usage)
-        send_chunk = answer.send_chunk
-
-        async def pump() -> None:
-            async for chunk in upstream.iter_body():
-                if observer.feed(chunk):
-                    self.first_token(turn)
-                if hide_usage:
-                    chunk = observer.take()
-                    if not chunk:
-                        continue
-                if not answer.started:
-                    await answer.start(upstream)
-                await send_chunk(chunk)
-
         try:
-            await _unless_client_leaves(pump(), client_left)
+            await unless_client_leaves(self._pump(turn, upstream, answer, observer, hide_usage), client_left)
             observation = observer.close()
         except ClientLeft:
             # Closing the engine request (on the way out of _chat) stops its generation.
@@ -521,50 +416,75 @@ class Proxy:
                 turn.id,
                 error,
             )
-            self.metrics.engine_error("unreadable", turn.replica)
             refusal = ReplicaUnreadable(
                 turn.replica, f"its stream is not server-sent events of JSON: {error}"
             )
-            self.failed(turn, refusal.message, replica_fault=True)
-            if not answer.started:
-                await answer.refuse(refusal)
-                return
-            await send_chunk(b"data: " + error_json(refusal.message) + b"\n\n")
-            _cut_off_on_purpose.set(True)
+            await self._stream_lost(turn, answer, "unreadable", refusal, error_event=True)
             return
         except Exception as error:
             log.warning("engine %s broke off turn %s mid-stream: %r", turn.replica, turn.id, error)
-            self.metrics.engine_error("broke_off", turn.replica)
-            self.failed(turn, f"engine {turn.replica}: stream broke off: {error!r}", replica_fault=True)
-            if not answer.started:
-                await answer.refuse(ReplicaUnreachable(turn.replica, error))
-                return
-            # The response is left unfinished: the connection closes without the final chunk,
-            # which is how the client learns the reply is lost.
-            _cut_off_on_purpose.set(True)
+            lost = f"engine {turn.replica}: stream broke off: {error!r}"
+            await self._stream_lost(turn, answer, "broke_off", ReplicaUnreachable(turn.replica, error), lost)
             return
         if not observation.ran_to_its_end:
-            self.metrics.engine_error("broke_off", turn.replica)
             refusal = ReplicaUnreadable(turn.replica, "stream ended before the reply finished")
-            self.failed(turn, refusal.message, replica_fault=True)
-            if not answer.started:
-                await answer.refuse(refusal)
-                return
-            _cut_off_on_purpose.set(True)
+            await self._stream_lost(turn, answer, "broke_off", refusal)
             return
         if not answer.started:
             await answer.start(upstream)
         if hide_usage and (tail := observer.take()):
             # The last line, had it no line break.
-            await send_chunk(tail)
+            await answer.send_chunk(tail)
         await answer.finish()
         self.ended(turn, observation)
+
+    async def _pump(
+        self,
+        turn: ProxiedTurn,
+        upstream: EngineResponse,
+        answer: Answer,
+        observer: StreamObserver,
+        hide_usage: bool,
+    ) -> None:
+        """The engine's stream on to the client as it comes, read on the side by `observer`."""
+        async for chunk in upstream.iter_body():
+            if observer.feed(chunk):
+                self.first_token(turn)
+            if hide_usage:
+                chunk = observer.take()
+                if not chunk:
+                    continue
+            if not answer.started:
+                await answer.start(upstream)
+            await answer.send_chunk(chunk)
+
+    async def _stream_lost(
+        self,
+        turn: ProxiedTurn,
+        answer: Answer,
+        kind: str,
+        refusal: TurnRefused,
+        error: str = "",
+        error_event: bool = False,
+    ) -> None:
+        """The engine's stream failed the turn (`kind`, an engine error of the metrics), the
+        replica's fault: before the response began, `refusal` answers it; after, the response is
+        left unfinished (with an error event first, `error_event`), so that the connection closes
+        without the final chunk, which is how the client learns the reply is lost."""
+        self.observe.engine_error(turn, kind)
+        self.failed(turn, error or refusal.message, replica_fault=True)
+        if not answer.started:
+            await answer.refuse(refusal)
+            return
+        if error_event:
+            await answer.send_chunk(b"data: " + error_json(refusal.message) + b"\n\n")
+        cut_off_on_purpose.set(True)
 
     async def _engine_unreachable(self, turn: ProxiedTurn, answer: Answer, error: EngineError) -> None:
         """The engine could not be reached or broke off before its reply began: a 502; or it
         never began its reply within the first-byte timeout: a 504."""
         timed_out = isinstance(error, EngineTimedOut)
-        self.metrics.engine_error("timeout" if timed_out else "unreachable", turn.replica)
+        self.observe.engine_error(turn, "timeout" if timed_out else "unreachable")
         refusal = (ReplicaTooSlow if timed_out else ReplicaUnreachable)(turn.replica, error)
         self.failed(turn, refusal.message, replica_fault=True)
         await answer.refuse(refusal)
@@ -581,21 +501,18 @@ class Proxy:
         if turn.first_token_seen:
             return
         turn.first_token_seen = True
-        to_first_s = time.perf_counter() - turn.sent_at
-        self.metrics.first_token(headers.class_name(turn.service_class), turn.replica, to_first_s)
-        if turn.span is not None:
-            turn.span.set_attribute("luftpause.time_to_first_token_ms", to_first_s * 1000.0)
+        self.observe.first_token(turn, time.perf_counter() - turn.sent_at)
         self.scheduler.first_token(turn.id, turn.scheduler_run_id)
 
     def failed(self, turn: ProxiedTurn, error: str, replica_fault: bool = False) -> None:
         """The turn ended in `error`; `replica_fault`: the replica's doing (it could not be reached,
         broke off, sent what is not a reply, or answered 5xx), which counts toward ejecting it
         (scheduler/outliers.py), unlike a client that left or a request the engine refused."""
-        if self._end(turn, "failed"):
+        if not turn.ended:
+            turn.ended = True
             # The error may quote the engine: any text, any length; the report carries it readable and bounded.
             error = error[:MAX_ERROR_CHARS].encode("utf-8", "replace").decode("utf-8")
-            if turn.span is not None:
-                turn.span.set_status(StatusCode.ERROR, error)
+            self.observe.failed(turn, error)
             self.scheduler.failed(turn.id, turn.scheduler_run_id, error, replica_fault)
 
     def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
@@ -608,11 +525,11 @@ class Proxy:
         ends the turn failed instead, so that its slot is freed now and not at the turn timeout.
         """
         if observation.error:
-            self.metrics.engine_error("reply_error", turn.replica)
+            self.observe.engine_error(turn, "reply_error")
             self.failed(turn, f"engine {turn.replica}: {observation.error}")
             return
         if observation.unreadable:
-            self.metrics.engine_error("unreadable", turn.replica)
+            self.observe.engine_error(turn, "unreadable")
             self.failed(turn, f"engine {turn.replica}: {observation.unreadable}", replica_fault=True)
             return
         if observation.bad_usage and self._now_and_then.due(("usage", turn.replica)):
@@ -647,62 +564,16 @@ class Proxy:
                 turn, f"engine {turn.replica}: its reply could not be reported: {type(error).__name__}"
             )
             return
-        if self._end(turn, "completed") and turn.span is not None:
-            turn.span.set_attributes(
-                {
-                    "gen_ai.response.finish_reasons": [observation.finish_reason],
-                    "gen_ai.usage.input_tokens": observation.prompt_tokens,
-                    "gen_ai.usage.output_tokens": observation.completion_tokens,
-                }
-            )
-
-    def _end(self, turn: ProxiedTurn, outcome: str) -> bool:
-        """Counts the turn's outcome once; False when it had already ended (nothing to report)."""
-        if turn.ended:
-            return False
-        turn.ended = True
-        service_class = headers.class_name(turn.service_class)
-        if turn.span is not None:
-            turn.span.set_attribute("luftpause.outcome", outcome)
-        self.metrics.in_flight.dec()
-        self.metrics.ended(turn.route, outcome, service_class)
-        if turn.sent_at:
-            self.metrics.turn_ended(service_class, turn.replica, time.perf_counter() - turn.sent_at)
-        return True
+        if not turn.ended:
+            turn.ended = True
+            self.observe.completed(turn, observation)
 
     # -- helpers --
 
     def engine_request(
         self, turn: ProxiedTurn, placement: pb.AdmitReply, endpoint: str, body: bytes
     ) -> EngineRequest:
-        """A POST of `body` to the placed replica's `endpoint` (as `engine_url` reads it).
-
-        A generative turn to a replica whose engine honours priorities carries its class's
-        priority in the body. Single-pass requests (vLLM's /classify) are left alone: that
-        request shape's priority handling is not one we have checked.
-        """
-        replica = self.config.replica(placement.replica)
-        if replica is not None and replica.engine_priority != "none" and turn.kind == pb.GENERATIVE:
-            body = priority.engine_body(
-                body, replica.engine_priority, turn.service_class, turn.client_priority
-            )
-        if placement.HasField("slot") and turn.kind == pb.GENERATIVE:
-            # The slot its run's KV stays in (scheduler/core.py `_slot_for`); a client's own
-            # `id_slot` comes later in the body and wins.
-            body = with_first_member(body, b'"id_slot":%d' % placement.slot)
-        base = placement.url or (replica.url if replica else "")
-        outgoing = {
-            "content-type": "application/json",
-            # The bytes are passed through as they come and read on the side: they must not be compressed.
-            "accept-encoding": "identity",
-        }
-        # The client's own Authorization never goes upstream; an engine gets the key configured for it.
-        api_key = replica.api_key() if replica else None
-        if api_key:
-            outgoing["authorization"] = f"Bearer {api_key}"
-        if turn.traceparent:
-            outgoing[headers.TRACEPARENT] = turn.traceparent
-        return EngineRequest(engine_url(base, endpoint), outgoing, body)
+        return outgoing.engine_request(self.config, turn, placement, endpoint, body)
 
     async def _prune_forever(self) -> None:
         while True:
@@ -710,164 +581,4 @@ class Proxy:
             self.runs.prune()
 
 
-class NowAndThen:
-    """Says when a warning of some kind is due again: the first time, then once per period."""
-
-    def __init__(self, period_s: float) -> None:
-        self._period_s = period_s
-        self._last: dict[tuple[str, str], float] = {}
-
-    def due(self, key: tuple[str, str]) -> bool:
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self._period_s:
-            return False
-        self._last[key] = now
-        return True
-
-
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]
-
-
-def _open_span(tracer: Tracer, turn: ProxiedTurn) -> None:
-    """Starts the turn's span, a child of the client's `traceparent`; the scheduler and the engine
-    are then sent this span's own, so that their spans are its children."""
-    attributes = {
-        "gen_ai.request.model": turn.model,
-        "luftpause.route": turn.route,
-        "luftpause.turn_id": turn.id,
-        "luftpause.run_id": turn.run_id,
-        "luftpause.service_class": headers.class_name(turn.service_class),
-    }
-    if turn.route == "chat":
-        attributes["gen_ai.operation.name"] = "chat"
-    span = tracer.start_span(
-        f"{turn.route} {turn.model}",
-        context=tracing.parent(turn.traceparent),
-        kind=SpanKind.SERVER,
-        attributes=attributes,
-    )
-    turn.span = span
-    turn.traceparent = tracing.traceparent_of(span)
-
-
-def engine_url(base: str, endpoint: str) -> str:
-    """The URL of `endpoint` under a replica's base URL: "chat/completions" under /v1, "/classify" at the root.
-
-    Engines are configured by their root (`http://host:30000`); hosted APIs are often given with
-    their `/v1` already on (`https://api.example.com/v1`), which must not be doubled.
-    """
-    base = base.rstrip("/")
-    root = base.removesuffix("/v1")
-    return f"{root}{endpoint}" if endpoint.startswith("/") else f"{root}/v1/{endpoint}"
-
-
-class Answer:
-    """The response side of one turn's connection, with the luftpause headers it carries."""
-
-    def __init__(self, scope: Scope, receive: Receive, send: Send, luftpause_headers: dict[str, str]) -> None:
-        self._scope, self._receive, self._send = scope, receive, send
-        self.headers: MutableMapping[str, str] = luftpause_headers
-        self.started = False
-
-    async def refuse(self, refusal: TurnRefused) -> None:
-        self.started = True
-        await refusal_response(refusal, self.headers)(self._scope, self._receive, self._send)
-
-    async def respond(self, content: bytes, upstream: EngineResponse) -> None:
-        """The engine's whole reply: its status, body and passed headers, unchanged."""
-        response = Response(content, status_code=upstream.status_code, headers=self._headers_for(upstream))
-        self.started = True
-        await response(self._scope, self._receive, self._send)
-
-    async def respond_json(self, payload: Any) -> None:
-        """A 200 reply the dataplane made itself (decide's scores)."""
-        content = json.dumps(payload, separators=(",", ":")).encode()
-        response = Response(content, media_type="application/json", headers=dict(self.headers))
-        self.started = True
-        await response(self._scope, self._receive, self._send)
-
-    async def start(self, upstream: EngineResponse) -> None:
-        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self._headers_for(upstream).items()]
-        self.started = True
-        await self._send({"type": "http.response.start", "status": upstream.status_code, "headers": raw})
-
-    async def send_chunk(self, chunk: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-    async def finish(self) -> None:
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    def _headers_for(self, upstream: EngineResponse) -> dict[str, str]:
-        passed = {name: upstream.headers[name] for name in _PASSED_HEADERS if name in upstream.headers}
-        return {**passed, **self.headers}
-
-
-# The most an int64 field of the scheduler's messages holds.
-_INT64_MAX = 2**63 - 1
-
-
-def requested_max_tokens(payload: dict[str, Any]) -> int:
-    """The reply limit a chat body sets: `max_completion_tokens` (OpenAI's newer name, which
-    engines take over `max_tokens` when both are sent) or `max_tokens`; 0 when neither is a whole
-    number above zero. The engine still gets the body as sent: this only tells the scheduler."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = payload.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return min(value, _INT64_MAX)
-    return 0
-
-
-def _read_turn_body(body: bytes) -> tuple[dict[str, Any], str]:
-    """The request's JSON object and "" when it can be a turn, else {} and what is wrong with it."""
-    try:
-        payload = json.loads(body)
-    except ValueError as e:
-        return {}, f"request body must be JSON: {e}"
-    if not isinstance(payload, dict):
-        return {}, "request body must be a JSON object"
-    if not isinstance(payload.get("model"), str) or not payload["model"]:
-        return payload, 'request body must name the model as a string in "model"'
-    return payload, ""
-
-
-async def _client_disconnect(receive: Receive) -> None:
-    """Returns once the client has gone; the request body must have been read already."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_client_leaves(work: Coroutine[Any, Any, T], client_left: asyncio.Future[None]) -> T:
-    """The result of `work`, or ClientLeft (with `work` cancelled) when the client goes first.
-
-    `work` runs in the calling task, which the client's leaving cancels (as `asyncio.timeout`
-    cancels on its deadline): no task of its own and no `asyncio.wait`, which cost each race two
-    passes of the event loop. A cancellation from outside (the server stopping) goes on as it
-    came. Work that finishes in spite of the cancel (it caught it) keeps its result."""
-    if client_left.done():
-        work.close()
-        raise ClientLeft
-    task = asyncio.current_task()
-    assert task is not None
-    racing, left = True, False
-
-    def leave(_: asyncio.Future[None]) -> None:
-        nonlocal left
-        # A callback already on its way when the race ended must not cancel what comes after.
-        if racing:
-            left = True
-            task.cancel()
-
-    client_left.add_done_callback(leave)
-    try:
-        result = await work
-    except asyncio.CancelledError:
-        if left and task.uncancel() == 0:
-            raise ClientLeft from None
-        raise
-    finally:
-        racing = False
-        client_left.remove_done_callback(leave)
-    if left:
-        task.uncancel()
-    return result

@@ -116,3 +116,19 @@ def json_line(service: str, message: str, level: str = "INFO") -> str:
 def access_log() -> bool:
     """Whether a uvicorn server should write its access lines (only when they would be shown)."""
     return logging.getLogger("uvicorn.access").isEnabledFor(logging.INFO)
+
+
+class NowAndThen:
+    """Says when a warning of some kind is due again: the first time, then once per period."""
+
+    def __init__(self, period_s: float) -> None:
+        self._period_s = period_s
+        self._last: dict[tuple[str, str], float] = {}
+
+    def due(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._period_s:
+            return False
+        self._last[key] = now
+        return True

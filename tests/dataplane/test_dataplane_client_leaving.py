@@ -1,4 +1,4 @@
-"""The race every step of a turn runs against its client leaving (`proxy._unless_client_leaves`).
+"""The race every step of a turn runs against its client leaving (`proxy.unless_client_leaves`).
 
 It runs the step in the turn's own task and cancels that task when the client goes, so what must
 hold is what a turn relies on: the step is stopped and the turn hears ClientLeft; a step that
@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from luftpause.dataplane.proxy import ClientLeft, _unless_client_leaves
+from luftpause.dataplane.answer import ClientLeft, unless_client_leaves
 
 
 async def test_a_client_leaving_stops_the_step_and_the_turn_hears_it():
@@ -29,7 +29,7 @@ async def test_a_client_leaving_stops_the_step_and_the_turn_hears_it():
 
     loop.call_soon(client_left.set_result, None)
     with pytest.raises(ClientLeft):
-        await _unless_client_leaves(step(), client_left)
+        await unless_client_leaves(step(), client_left)
     assert stopped.is_set()
     assert asyncio.current_task().cancelling() == 0, "no cancellation left over for the turn"
 
@@ -42,7 +42,7 @@ async def test_a_step_that_finished_first_keeps_its_result_and_a_later_leaving_c
         await asyncio.sleep(0)
         return "answered"
 
-    assert await _unless_client_leaves(step(), client_left) == "answered"
+    assert await unless_client_leaves(step(), client_left) == "answered"
     client_left.set_result(None)
     # What the turn does next (here: wait a moment) is not cancelled by the race that ended.
     await asyncio.sleep(0.01)
@@ -59,7 +59,7 @@ async def test_the_server_stopping_is_a_cancellation_not_a_client_leaving():
             started.set()
             await asyncio.Event().wait()
 
-        await _unless_client_leaves(step(), client_left)
+        await unless_client_leaves(step(), client_left)
 
     task = asyncio.create_task(turn())
     await started.wait()
@@ -79,5 +79,5 @@ async def test_a_client_already_gone_starts_nothing():
         ran = True
 
     with pytest.raises(ClientLeft):
-        await _unless_client_leaves(step(), client_left)
+        await unless_client_leaves(step(), client_left)
     assert not ran
