@@ -41,6 +41,7 @@ import grpc.aio
 
 from luftpause import config as lp_config
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
+from luftpause.dataplane.reservations import ReservationPool
 from luftpause.dataplane.runs import PlacedTurn, RunBook
 from luftpause.errors import no_replica_serves
 from luftpause.lifecycle import pauses_run
@@ -111,10 +112,8 @@ class SchedulerClient:
         self._wake = asyncio.Event()
         # What the scheduler last said: it holds no turn, so events may ride (`Urgency`).
         self._nothing_held = False
-        # Reservations the scheduler granted on the current stream, by replica, oldest first;
-        # `_running_low`: some replica's are down to their last one, and the scheduler has yet to hear it.
-        self._reservations: dict[str, list[pb.Reservation]] = {}
-        self._running_low = False
+        # Reservations the scheduler granted on the current stream.
+        self._reservations = ReservationPool()
         self._ride_timer: asyncio.TimerHandle | None = None
         self._synced = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
@@ -210,15 +209,9 @@ class SchedulerClient:
         booked = self.runs.runs.get(request.run_id)
         if booked is None:
             return None
-        pool = self._reservations.get(booked.replica)
-        if not pool or request.model not in pool[0].models:
+        reservation = self._reservations.take_for(booked.replica, request.model)
+        if reservation is None:
             return None
-        reservation = pool.pop(0)
-        # Down to its last one (or none): the turn's next event goes at once, so that the
-        # scheduler grants more while the last one still serves the next turn.
-        self._running_low = len(pool) <= 1
-        if not pool:
-            del self._reservations[booked.replica]
         used = pb.ReservationUsed(reservation_id=reservation.id, replica=reservation.replica, admit=request)
         self._send(pb.DataplaneItem(reservation_used=used), Urgency.RIDES)
         return pb.AdmitReply(
@@ -228,36 +221,19 @@ class SchedulerClient:
             run_id=request.run_id,
         )
 
-    def _take_out(self, ids: set[str]) -> list[pb.Reservation]:
-        """Takes the reservations with these ids out of the pools; returns those it found."""
-        found: list[pb.Reservation] = []
-        for replica, pool in list(self._reservations.items()):
-            kept = [r for r in pool if r.id not in ids]
-            if len(kept) != len(pool):
-                found += [r for r in pool if r.id in ids]
-                if kept:
-                    self._reservations[replica] = kept
-                else:
-                    del self._reservations[replica]
-        return found
-
     def _give_back_room_for(self, request: pb.AdmitRequest) -> None:
         """A turn that asks gives back, ahead of its admission, this dataplane's reservations on
         the replicas that could take it, so that they do not keep it waiting (core._reserve)."""
         if request.kind != pb.GENERATIVE:
             return
-        for replica, pool in list(self._reservations.items()):
-            if request.model in pool[0].models:
-                del self._reservations[replica]
-                for reservation in pool:
-                    self._send(pb.DataplaneItem(reservation_returned=reservation.id))
+        for reservation in self._reservations.take_serving(request.model):
+            self._send(pb.DataplaneItem(reservation_returned=reservation.id))
 
     def _reserved(self, batch: pb.SchedulerBatch) -> None:
         """Reservations granted are kept; those revoked and not yet used are given back at once."""
-        for reservation in batch.reservations:
-            self._reservations.setdefault(reservation.replica, []).append(reservation)
+        self._reservations.granted(list(batch.reservations))
         if batch.revoked:
-            for reservation in self._take_out(set(batch.revoked)):
+            for reservation in self._reservations.take_out(set(batch.revoked)):
                 self._send(pb.DataplaneItem(reservation_returned=reservation.id))
 
     def _withdraw(self, request: pb.AdmitRequest) -> None:
@@ -272,7 +248,7 @@ class SchedulerClient:
     def _placed(self, placement: pb.Placement) -> None:
         if placement.reply.reservation_id:
             # The turn took the room of a reservation of ours: it is no longer ours to use.
-            self._take_out({placement.reply.reservation_id})
+            self._reservations.take_out({placement.reply.reservation_id})
         # A placement for a turn withdrawn meanwhile is ignored: its abandon is on its way.
         waiting = self._pending.pop(placement.turn_id, None)
         if waiting is not None and not waiting[1].done():
@@ -333,7 +309,8 @@ class SchedulerClient:
             return
         self._outbox.append(item)
         if urgency is Urgency.NOW or (
-            urgency is Urgency.WHILE_HELD and (not self._nothing_held or self._pending or self._running_low)
+            urgency is Urgency.WHILE_HELD
+            and (not self._nothing_held or self._pending or self._reservations.running_low)
         ):
             self._wake.set()
         elif self._ride_timer is None:
@@ -362,7 +339,7 @@ class SchedulerClient:
                 await asyncio.sleep(0)
                 self._wake.clear()
                 self._stop_ride_timer()
-                self._running_low = False
+                self._reservations.running_low = False
                 items, self._outbox = self._outbox, []
                 # At most MAX_BATCH_ITEMS a message: the scheduler ends a stream that sends more.
                 for start in range(0, len(items), MAX_BATCH_ITEMS):
@@ -376,55 +353,12 @@ class SchedulerClient:
         while True:
             writer: asyncio.Future[None] | None = None
             try:
-                self._outbox = []
-                chunks = self.runs.resync_chunks()
-                await self._stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
-                call = self._call = self._stub.Turns(metadata=self._metadata)
-                self._reservations = {}
-                # This dataplane takes reservations; then the turns still waiting, under their own ids, in the order they came.
-                self._outbox = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
-                self._outbox += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
-                self._synced.set()
-                self.on_connected(True)
-                self._wake.set()
+                call = await self._open(self._stub)
                 writer = asyncio.ensure_future(self._write(call))
-                self._outage_logged = False
-                log.info(
-                    "connected to scheduler at %s (resynced %d runs, %d turns in flight); %d held turns admitted again",
-                    self._target,
-                    sum(len(c.runs) for c in chunks),
-                    sum(len(c.turns) for c in chunks),
-                    len(self._pending),
-                )
-                while (batch := await call.read()) is not grpc.aio.EOF:
-                    # Reservations first: a placement may name one granted in this same message.
-                    if batch.reservations or batch.revoked:
-                        self._reserved(batch)
-                    for placement in batch.placements:
-                        self._placed(placement)
-                    # Runs whose DELETE reached another worker (or dataplane): out of this book.
-                    for run_id in batch.ended_runs:
-                        self.runs.forget_run(run_id)
-                    if batch.nothing_held is not self._nothing_held:
-                        self._told(batch.nothing_held)
+                await self._read(call)
                 log.warning("scheduler ended the turns stream; reconnecting")
             except grpc.aio.AioRpcError as e:
-                if self._synced.is_set():
-                    log.warning("turns stream to the scheduler broke (%s); reconnecting", e.code().name)
-                elif e.code() in _UNREACHABLE:
-                    # Once per outage: turns are held meanwhile, and whoever reads the log should know why.
-                    log.log(
-                        logging.DEBUG if self._outage_logged else logging.WARNING,
-                        "scheduler at %s not reachable (%s); holding turns and retrying every %.0f s",
-                        self._target,
-                        e.code().name,
-                        RECONNECT_S,
-                    )
-                    self._outage_logged = True
-                else:
-                    log.warning(
-                        "scheduler at %s refused the resync: %s: %s", self._target, e.code().name, e.details()
-                    )
+                self._log_broken(e)
             except asyncio.CancelledError:
                 # gRPC's cancel of the call (a write failed) lands here too; only a cancel of
                 # this task itself ends the loop.
@@ -436,7 +370,7 @@ class SchedulerClient:
                     self._synced.clear()
                     self.on_connected(False)
                 self._nothing_held = False
-                self._reservations = {}
+                self._reservations.clear()
                 self._stop_ride_timer()
                 if writer is not None:
                     writer.cancel()
@@ -444,3 +378,65 @@ class SchedulerClient:
                     self._call.cancel()
                     self._call = None
             await asyncio.sleep(RECONNECT_S)
+
+    async def _open(
+        self, stub: rpc.SchedulerStub
+    ) -> grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch]:
+        """Resyncs the scheduler from the run book and opens a new Turns stream on which this
+        dataplane takes reservations and admits again the turns still waiting."""
+        self._outbox = []
+        chunks = self.runs.resync_chunks()
+        await stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
+        call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] = stub.Turns(
+            metadata=self._metadata
+        )
+        self._call = call
+        self._reservations.clear()
+        # This dataplane takes reservations; then the turns still waiting, under their own ids, in the order they came.
+        self._outbox = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
+        self._outbox += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
+        self._synced.set()
+        self.on_connected(True)
+        self._wake.set()
+        self._outage_logged = False
+        log.info(
+            "connected to scheduler at %s (resynced %d runs, %d turns in flight); %d held turns admitted again",
+            self._target,
+            sum(len(c.runs) for c in chunks),
+            sum(len(c.turns) for c in chunks),
+            len(self._pending),
+        )
+        return call
+
+    async def _read(self, call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch]) -> None:
+        """What the scheduler sends on the stream, until it ends it."""
+        # Until grpc.aio.EOF, the one thing read that is not a message.
+        while isinstance(batch := await call.read(), pb.SchedulerBatch):
+            # Reservations first: a placement may name one granted in this same message.
+            if batch.reservations or batch.revoked:
+                self._reserved(batch)
+            for placement in batch.placements:
+                self._placed(placement)
+            # Runs whose DELETE reached another worker (or dataplane): out of this book.
+            for run_id in batch.ended_runs:
+                self.runs.forget_run(run_id)
+            if batch.nothing_held is not self._nothing_held:
+                self._told(batch.nothing_held)
+
+    def _log_broken(self, e: grpc.aio.AioRpcError) -> None:
+        if self._synced.is_set():
+            log.warning("turns stream to the scheduler broke (%s); reconnecting", e.code().name)
+        elif e.code() in _UNREACHABLE:
+            # Once per outage: turns are held meanwhile, and whoever reads the log should know why.
+            log.log(
+                logging.DEBUG if self._outage_logged else logging.WARNING,
+                "scheduler at %s not reachable (%s); holding turns and retrying every %.0f s",
+                self._target,
+                e.code().name,
+                RECONNECT_S,
+            )
+            self._outage_logged = True
+        else:
+            log.warning(
+                "scheduler at %s refused the resync: %s: %s", self._target, e.code().name, e.details()
+            )
