@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from luftpause import lifecycle
+
 ROUTES = ("chat", "decide")
 # completed: the reply came back whole; failed: the engine refused, broke off or could not be
 # reached, or the client left mid-turn; abandoned: the client left while the turn was held;
@@ -33,7 +35,7 @@ ROUTES = ("chat", "decide")
 OUTCOMES = ("completed", "failed", "abandoned", "refused")
 # The `class` label's values, as the x-luftpause-class header names them; a turn refused before
 # its class was read (a bad header or body) counts as "unknown".
-CLASSES = ("interactive", "batch")
+CLASSES = lifecycle.CLASSES
 UNKNOWN_CLASS = "unknown"
 # The `kind` label of engine errors: the engine answered 4xx or 5xx; could not be reached (or
 # broke off before its reply began); did not begin its reply within the first-byte timeout;

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.dataplane import headers
+from luftpause.dataplane.decide import MAX_LABELS, MIN_LABELS
+from luftpause.lifecycle import BATCH, CALLER_MAX_BYTES, CLASSES, INTERACTIVE
 
 _ERROR = {
     "type": "object",
@@ -25,21 +27,21 @@ _LUFTPAUSE_HEADERS = [
         "name": headers.RUN_ID,
         "in": "header",
         "required": False,
-        "description": "the run this turn belongs to: UTF-8, at most 256 bytes",
+        "description": f"the run this turn belongs to: UTF-8, at most {headers.RUN_ID_MAX_BYTES} bytes",
         "schema": {"type": "string"},
     },
     {
         "name": headers.SERVICE_CLASS,
         "in": "header",
         "required": False,
-        "description": "interactive (the default) or batch",
-        "schema": {"type": "string", "enum": ["interactive", "batch"]},
+        "description": f"{INTERACTIVE} (the default) or {BATCH}",
+        "schema": {"type": "string", "enum": list(CLASSES)},
     },
     {
         "name": headers.CALLER,
         "in": "header",
         "required": False,
-        "description": "who is asking, for fairness; cut at 128 bytes",
+        "description": f"who is asking, for fairness; cut at {CALLER_MAX_BYTES} bytes",
         "schema": {"type": "string"},
     },
 ]
@@ -115,8 +117,8 @@ _DECIDE = {
                             "labels": {
                                 "type": "array",
                                 "items": {"type": "string"},
-                                "minItems": 2,
-                                "maxItems": 20,
+                                "minItems": MIN_LABELS,
+                                "maxItems": MAX_LABELS,
                             },
                         },
                     }

@@ -14,7 +14,7 @@ import sys
 
 from pydantic import ValidationError
 
-from luftpause import __version__, config, console, lifeline, logs
+from luftpause import __version__, config, console, lifecycle, lifeline, logs
 
 
 def _load_config(args: argparse.Namespace) -> config.Config:
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--duration-s", type=float, default=60.0, help="how long to count (default 60)")
     p.add_argument("--warmup-s", type=float, default=0.0, help="run this long first without counting")
-    p.add_argument("--class", dest="service_class", choices=["interactive", "batch"], default="interactive")
+    p.add_argument("--class", dest="service_class", choices=lifecycle.CLASSES, default=lifecycle.INTERACTIVE)
     p.add_argument("--caller", default="loadgen", help="x-luftpause-caller of every turn")
     p.add_argument("--context-chars", type=int, default=8000, help="size of each run's context")
     p.add_argument("--tool-latency-s", type=float, default=2.0, help="how long each tool call takes")

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from luftpause import config
+from luftpause import config, lifecycle
 from luftpause.config import OPERATOR_TOKEN_ENV, TOKEN_ENV
 
 if TYPE_CHECKING:  # httpx is imported when a command runs, so that `luftpause --help` stays fast
@@ -174,7 +174,7 @@ def render_status(doc: dict[str, Any]) -> str:
                 _n(runs.get(name, {}).get("paused", 0)),
                 _n(runs.get(name, {}).get("idle", 0)),
             ]
-            for name in sorted({*held, *room, *runs}, key=lambda c: (c != "interactive", c))
+            for name in sorted({*held, *room, *runs}, key=lambda c: (c != lifecycle.INTERACTIVE, c))
         ],
     )
     lines = [replicas or "no replicas", "", classes]

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# lifecycle.CLASSES as a type (a Literal takes no names); tests/runtime check that the two agree.
 ServiceClass = Literal["interactive", "batch"]
 
 DEFAULT_MAX_TOOL_CALLS = 8
