@@ -17,7 +17,7 @@ from __future__ import annotations
 from luftpause import lifecycle
 from luftpause.dataplane.errors import BadTurnRequest
 from luftpause.lifecycle import CALLER_MAX_BYTES
-from luftpause.proto import pb
+from luftpause.proto import CLASS_BY_NAME, CLASS_NAMES, pb
 
 RUN_ID = lifecycle.RUN_ID_HEADER
 SERVICE_CLASS = lifecycle.CLASS_HEADER
@@ -28,26 +28,21 @@ TRACEPARENT = lifecycle.TRACEPARENT_HEADER
 RUN_ID_MAX_BYTES = 256
 ANONYMOUS_CALLER = ""
 
-_CLASSES = {lifecycle.INTERACTIVE: pb.INTERACTIVE, lifecycle.BATCH: pb.BATCH}
-
 
 def service_class(value: str | None) -> pb.ServiceClass:
     """The turn's service class; an absent header means interactive, an unknown value is a 400."""
     if value is None:
         return pb.INTERACTIVE
     try:
-        return _CLASSES[value.strip()]
+        return CLASS_BY_NAME[value.strip()]
     except KeyError:
-        allowed = " or ".join(repr(name) for name in _CLASSES)
+        allowed = " or ".join(repr(name) for name in CLASS_BY_NAME)
         raise BadTurnRequest(f"{SERVICE_CLASS} must be {allowed}, not {value!r}") from None
-
-
-_CLASS_NAMES = {value: name for name, value in _CLASSES.items()}
 
 
 def class_name(value: pb.ServiceClass) -> str:
     """The header's name for a service class: the inverse of `service_class`."""
-    return _CLASS_NAMES[value]
+    return CLASS_NAMES[value]
 
 
 def caller(value: str | None) -> str:

@@ -1,5 +1,6 @@
 """The scheduler's gRPC contract (`scheduler.proto`) and its generated Python stubs."""
 
+from luftpause import lifecycle
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as rpc
 
@@ -9,5 +10,12 @@ DATAPLANE_KEY = "x-luftpause-dataplane"
 # yielding (some 0.1 ms an admit), so a bigger one ends the stream with RESOURCE_EXHAUSTED rather
 # than stall every other stream and the status port; the dataplane splits what it sends to fit.
 MAX_BATCH_ITEMS = 1024
+# The service classes as the wire numbers them, by the names the class header and spawn give them
+# (lifecycle.CLASSES), and back: the one map the dataplane and the scheduler translate with.
+CLASS_BY_NAME: dict[str, "pb.ServiceClass"] = {
+    lifecycle.INTERACTIVE: pb.INTERACTIVE,
+    lifecycle.BATCH: pb.BATCH,
+}
+CLASS_NAMES: dict["pb.ServiceClass", str] = {number: name for name, number in CLASS_BY_NAME.items()}
 
-__all__ = ["DATAPLANE_KEY", "MAX_BATCH_ITEMS", "pb", "rpc"]
+__all__ = ["CLASS_BY_NAME", "CLASS_NAMES", "DATAPLANE_KEY", "MAX_BATCH_ITEMS", "pb", "rpc"]

@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 
 from luftpause import counts
-from luftpause.proto import DATAPLANE_KEY, pb
+from luftpause.proto import CLASS_NAMES, DATAPLANE_KEY, pb
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.state import Kind, Phase, ServiceClass
 
-CLASSES = {pb.INTERACTIVE: ServiceClass.INTERACTIVE, pb.BATCH: ServiceClass.BATCH}
+CLASSES = {number: ServiceClass(name) for number, name in CLASS_NAMES.items()}
 KINDS = {pb.GENERATIVE: Kind.GENERATIVE, pb.SINGLE_PASS: Kind.SINGLE_PASS}
 PHASES = {pb.IDLE: Phase.IDLE, pb.GENERATING: Phase.GENERATING, pb.PAUSED: Phase.PAUSED}
 
