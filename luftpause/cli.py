@@ -317,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
             "soak",
             "faults",
             "status_page",
+            "dashboard_plot",
         ],  # fmt: skip
         help="which benchmark",
     )
