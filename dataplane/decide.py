@@ -23,17 +23,14 @@ import asyncio
 import json
 import math
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from luftpause.dataplane import headers
 from luftpause.dataplane.answer import Answer
-from luftpause.dataplane.errors import BadTurnRequest, TurnRefused
+from luftpause.dataplane.errors import BadTurnRequest
 from luftpause.dataplane.proxy import Proxy
-from luftpause.dataplane.run_identity import new_run_id
 from luftpause.dataplane.turn import ProxiedTurn, request_object
 from luftpause.proto import pb
 
@@ -137,31 +134,18 @@ class Decide:
         self.proxy = proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        read = await self.proxy.read_request(scope, receive, send, "decide")
-        if read is None:
+        incoming = await self.proxy.read_request(scope, receive, send, "decide", parse_decide)
+        if incoming is None:
             return
-        request, named, body = read
-        run_id = named or new_run_id()
-        answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(run_id)})
-        try:
-            decision = parse_decide(body)
-            service_class = headers.service_class(request.headers.get(headers.SERVICE_CLASS))
-        except TurnRefused as refusal:
-            await self.proxy.refuse(answer, "decide", refusal)
-            return
+        decision, body, answer = incoming.parsed, incoming.body, incoming.answer
         labelled = decision.labels is not None
-        turn = ProxiedTurn(
-            id=uuid.uuid4().hex,
-            run_id=run_id,
+        turn = incoming.turn(
             # A labelled decision is someone waiting on one token: it goes as interactive.
-            service_class=pb.INTERACTIVE if labelled else service_class,
-            caller=headers.caller(request.headers.get(headers.CALLER)),
+            service_class=pb.INTERACTIVE if labelled else incoming.service_class,
             model=decision.model,
-            traceparent=request.headers.get(headers.TRACEPARENT, ""),
             route="decide",
             kind=pb.GENERATIVE if labelled else pb.SINGLE_PASS,
             scheduled_run_id="",
-            request_bytes=len(body),
             # A labelled decision asks the engine for one token (`_score`).
             max_tokens=1 if labelled else 0,
         )

@@ -32,8 +32,9 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
@@ -84,6 +85,35 @@ MAX_ERROR_CHARS = 1000
 WARN_EVERY_S = 60.0
 
 
+P = TypeVar("P")
+
+
+@dataclass(slots=True)
+class Incoming(Generic[P]):
+    """A turn's request once read and checked (`Proxy.read_request`): what its headers say, its
+    body as it came and as its route reads it (`parsed`), and the answer that carries its run id."""
+
+    request: Request
+    # The run its header names; None: none, and `run_id` is a new one.
+    named: str | None
+    run_id: str
+    body: bytes
+    answer: Answer
+    parsed: P
+    service_class: pb.ServiceClass
+
+    def turn(self, **fields: Any) -> ProxiedTurn:
+        """The turn this request makes, with what the headers and the body's size say and
+        `fields` (the model and what the route reads from the body)."""
+        given: dict[str, Any] = {
+            "service_class": self.service_class,
+            "caller": headers.caller(self.request.headers.get(headers.CALLER)),
+            "traceparent": self.request.headers.get(headers.TRACEPARENT, ""),
+            "request_bytes": len(self.body),
+        }
+        return ProxiedTurn(id=uuid.uuid4().hex, run_id=self.run_id, **(given | fields))
+
+
 class Proxy:
     """The per-turn path, and what it shares across turns: scheduler link, HTTP client, memories."""
 
@@ -125,10 +155,11 @@ class Proxy:
         self.scheduler.run_ended(run_id)
 
     async def read_request(
-        self, scope: Scope, receive: Receive, send: Send, route: str
-    ) -> tuple[Request, str | None, bytes] | None:
-        """The request, the run its header names (None: none) and its whole body, held to the
-        limits (`limits`, `headers.run_id`); None once it was refused or its client left."""
+        self, scope: Scope, receive: Receive, send: Send, route: str, parse: Callable[[bytes], P]
+    ) -> Incoming[P] | None:
+        """The request read whole and checked: its run header, its body (held to the limits:
+        `limits`, `headers.run_id`) as `parse` reads it, and its class; None once it was
+        refused (answered here) or its client left."""
         request = Request(scope, receive)
         try:
             named = headers.run_id(request.headers.get(headers.RUN_ID))
@@ -136,47 +167,33 @@ class Proxy:
             # No run id to echo: the one sent is what was wrong.
             await self.refuse(Answer(scope, receive, send, {}), route, refusal)
             return None
-        try:
-            body = await limits.read_body(request, self.config.dataplane.max_body_bytes)
-        except ClientDisconnect:
-            return None
-        except TurnRefused as refusal:
-            answer = Answer(
-                scope, receive, send, {headers.RUN_ID: headers.on_the_wire(named or new_run_id())}
-            )
-            await self.refuse(answer, route, refusal)
-            return None
-        return request, named, body
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        read = await self.read_request(scope, receive, send, "chat")
-        if read is None:
-            return
-        request, named, body = read
-
-        # 1. The run, as far as the request says, and the class and caller.
         run_id = named or new_run_id()
         answer = Answer(scope, receive, send, {headers.RUN_ID: headers.on_the_wire(run_id)})
         try:
-            payload = request_object(body)
+            body = await limits.read_body(request, self.config.dataplane.max_body_bytes)
+            parsed = parse(body)
             service_class = headers.service_class(request.headers.get(headers.SERVICE_CLASS))
+        except ClientDisconnect:
+            return None
         except TurnRefused as refusal:
-            await self.refuse(answer, "chat", refusal)
+            await self.refuse(answer, route, refusal)
+            return None
+        return Incoming(request, named, run_id, body, answer, parsed, service_class)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # 1. The run, as far as the request says, and the class and caller.
+        incoming = await self.read_request(scope, receive, send, "chat", request_object)
+        if incoming is None:
             return
+        payload, body, answer, named = incoming.parsed, incoming.body, incoming.answer, incoming.named
         echoed = () if named else tuple(islice(echoed_tool_call_ids(payload.get("messages")), MAX_ECHOED_IDS))
-        turn = ProxiedTurn(
-            id=uuid.uuid4().hex,
-            run_id=run_id,
-            service_class=service_class,
-            caller=headers.caller(request.headers.get(headers.CALLER)),
+        turn = incoming.turn(
             model=payload["model"],
-            traceparent=request.headers.get(headers.TRACEPARENT, ""),
             # The body was decoded above anyway: an exact top-level check, no byte search.
             client_priority="priority" in payload,
             streamed=payload.get("stream") is True,
             client_usage=usage.client_asked(payload),
             echoed=echoed,
-            request_bytes=len(body),
             max_tokens=requested_max_tokens(payload),
         )
 
