@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from luftpause.bench import stack_config
 from luftpause.bench.common import free_port as free_port  # re-exported: the tests' one way to pick a port
 
 START_TIMEOUT_S = 30.0
@@ -176,55 +178,38 @@ def write_config(
     body of another `[[runtime.mcp_servers]]` table (e.g. `name = ...` and `command = [...]`).
     `replica_extra` goes into every `[[replicas]]` table (e.g. `lookahead = 1`).
     """
-    if tool_server is None:
-        tool_server = f'name = "fake-mcp"\nurl = "http://127.0.0.1:{ports.fake_mcp}/mcp"'
-    model_list = ", ".join(f'"{m}"' for m in models)
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\nmodels = [{model_list}]\n'
-        + (f"{replica_extra}\n" if replica_extra else "")
-        for i, port in enumerate(ports.engines)
+    tool = (
+        {"name": "fake-mcp", "url": f"http://127.0.0.1:{ports.fake_mcp}/mcp"}
+        if tool_server is None
+        else tomllib.loads(tool_server)
     )
-    text = f"""
-[scheduler]
-grpc_port = {ports.grpc}
-status_port = {ports.status}
+    each = tomllib.loads(replica_extra) if replica_extra else {}
+    replicas = [
+        stack_config.replica(f"fake-{chr(ord('a') + i)}", port, models, **each)
+        for i, port in enumerate(ports.engines)
+    ]
+    tables = stack_config.stack(
+        grpc=ports.grpc,
+        status=ports.status,
+        dataplane=ports.dataplane,
+        runtime=ports.runtime,
+        state_dir=directory / "state",
+        tool_server=tool,
+        replicas=replicas,
+    )
+    return stack_config.write(directory, stack_config.merged(tables, extra))
 
-[dataplane]
-port = {ports.dataplane}
-scheduler = "127.0.0.1:{ports.grpc}"
 
-[runtime]
-port = {ports.runtime}
-dataplane = "http://127.0.0.1:{ports.dataplane}"
-state_dir = "{directory / "state"}"
-
-[[runtime.mcp_servers]]
-{tool_server}
-{replicas}
-{extra}
-"""
-    path = directory / "luftpause.toml"
-    path.write_text(text)
-    return path
+# A key or a table added to a config file written already (bench/stack_config.py).
+amend_config = stack_config.amend
 
 
 def write_runtime_config(directory: Path, port: int, dataplane_port: int, mcp_port: int, state: Path) -> Path:
     """A config for a runtime alone on `port`: its dataplane on `dataplane_port` (often a fake
     engine standing in), the fake MCP server on `mcp_port` as its one tool server."""
-    config = directory / "luftpause.toml"
-    config.write_text(
-        f"""
-[runtime]
-port = {port}
-dataplane = "http://127.0.0.1:{dataplane_port}"
-state_dir = "{state}"
-
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{mcp_port}/mcp"
-"""
-    )
-    return config
+    tool = {"name": "fake-mcp", "url": f"http://127.0.0.1:{mcp_port}/mcp"}
+    runtime = {"port": port, "dataplane": f"http://127.0.0.1:{dataplane_port}", "state_dir": str(state)}
+    return stack_config.write(directory, {"runtime": runtime | {"mcp_servers": [tool]}})
 
 
 @dataclass

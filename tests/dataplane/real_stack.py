@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import Ports, Service, free_port, running, wait_until, write_config
+from support import Ports, Service, amend_config, free_port, running, wait_until, write_config
 
 from luftpause.fake_engine import scripted
 
@@ -239,7 +239,7 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
             'api_key_env = "HOSTED_KEY"\nhealth_path = "/ready"\nmetrics = "none"\n',
         ).replace(f"http://127.0.0.1:{hosted_port}", f"https://127.0.0.1:{hosted_port}/v1")
     path = write_config(tmp, ports, extra=replicas)
-    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 600\n", 1))
+    amend_config(path, "[scheduler]\nprobe_period_s = 600")
 
     engines = [
         ScriptProcess("scripted", [str(SCRIPTED_ENGINE), "--port", str(scripted_port)], tmp / "scripted.log"),

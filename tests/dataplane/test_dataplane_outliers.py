@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from real_stack import SCRIPTED_ENGINE, ScriptProcess, replica
-from support import Ports, Service, free_port, running, scrape, wait_until, write_config
+from support import Ports, Service, amend_config, free_port, running, scrape, wait_until, write_config
 
 MODEL = "shared-llama"
 
@@ -60,7 +60,7 @@ def _pair(tmp: Path, script: str, ejection_base_s: float) -> Iterator[Pair]:
         "good", good_port, MODEL
     )
     path = write_config(tmp, ports, extra=replicas)
-    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.2\n", 1))
+    amend_config(path, "[scheduler]\nprobe_period_s = 0.2")
     bad = ScriptProcess(
         "bad", [str(SCRIPTED_ENGINE), "--port", str(bad_port), "--always", script], tmp / "bad.log"
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
-from support import Ports, Service, free_port, running, wait_until, write_config
+from support import Ports, Service, amend_config, free_port, running, wait_until, write_config
 
 MODEL = "fake-llama"
 LOOKUP = {
@@ -60,7 +60,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     threading.Thread(target=ghost.serve_forever, daemon=True).start()
     ghost_replica = f'[[replicas]]\nname = "ghost"\nurl = "http://127.0.0.1:{ghost.server_port}"\nmodels = ["ghost-llama"]\n'
     path = write_config(tmp, ports, extra=ghost_replica)
-    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 600\n", 1))
+    amend_config(path, "[scheduler]\nprobe_period_s = 600")
 
     engines = [
         Service(name, ["fake-engine", "--name", name, "--port", str(port)], tmp / f"{name}.log")

@@ -25,6 +25,8 @@ import pytest
 from real_stack import SCRIPTED_ENGINE, ScriptProcess
 from support import Ports, Service, free_port, running, wait_until
 
+from luftpause.bench import stack_config
+
 MODEL = "scripted-llama"
 TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 40
@@ -34,27 +36,17 @@ class _Stack:
     def __init__(self, tmp: Path) -> None:
         ports = Ports(engines=[free_port()])
         self.ports = ports
-        config = tmp / "luftpause.toml"
-        config.write_text(
-            f"""
-[scheduler]
-grpc_port = {ports.grpc}
-status_port = {ports.status}
-
-[dataplane]
-port = {ports.dataplane}
-scheduler = "127.0.0.1:{ports.grpc}"
-engine_first_byte_timeout_s = {TIMEOUT_S}
-engine_idle_timeout_s = {TIMEOUT_S}
-header_timeout_s = {TIMEOUT_S}
-max_connections = {MAX_CONNECTIONS}
-
-[[replicas]]
-name = "scripted"
-url = "http://127.0.0.1:{ports.engines[0]}"
-models = ["{MODEL}"]
-"""
+        limits = {
+            "engine_first_byte_timeout_s": TIMEOUT_S,
+            "engine_idle_timeout_s": TIMEOUT_S,
+            "header_timeout_s": TIMEOUT_S,
+            "max_connections": MAX_CONNECTIONS,
+        }
+        replica = stack_config.replica("scripted", ports.engines[0], [MODEL])
+        tables = stack_config.stack(
+            grpc=ports.grpc, status=ports.status, dataplane=ports.dataplane, replicas=[replica]
         )
+        config = stack_config.write(tmp, stack_config.merged(tables, {"dataplane": limits}))
         self.engine_url = f"http://127.0.0.1:{ports.engines[0]}"
         self.url = f"http://127.0.0.1:{ports.dataplane}"
         self.services = (

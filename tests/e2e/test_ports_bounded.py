@@ -28,6 +28,8 @@ import httpx
 import pytest
 from support import Ports, Service, http_ok, running, wait_until
 
+from luftpause.bench import stack_config
+
 TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 30
 # How long past a deadline the server may take to close (a loaded test machine).
@@ -37,36 +39,22 @@ SLACK_S = 1.5
 class _Stack:
     def __init__(self, tmp: Path) -> None:
         self.ports = ports = Ports()
-        bounds = (
-            f"header_timeout_s = {TIMEOUT_S}\nbody_timeout_s = {TIMEOUT_S}\n"
-            f"max_connections = {MAX_CONNECTIONS}\n"
+        bounds = {
+            "header_timeout_s": TIMEOUT_S,
+            "body_timeout_s": TIMEOUT_S,
+            "max_connections": MAX_CONNECTIONS,
+        }
+        tables = stack_config.stack(
+            grpc=ports.grpc,
+            status=ports.status,
+            dataplane=ports.dataplane,
+            runtime=ports.runtime,
+            state_dir=tmp / "state",
+            tool_server={"name": "fake-mcp", "url": f"http://127.0.0.1:{ports.fake_mcp}/mcp"},
+            replicas=[stack_config.replica("fake-a", ports.engines[0], ["fake-llama"])],
         )
-        config = tmp / "luftpause.toml"
-        config.write_text(
-            f"""
-[scheduler]
-grpc_port = {ports.grpc}
-status_port = {ports.status}
-{bounds}
-[dataplane]
-port = {ports.dataplane}
-scheduler = "127.0.0.1:{ports.grpc}"
-{bounds}
-[runtime]
-port = {ports.runtime}
-dataplane = "http://127.0.0.1:{ports.dataplane}"
-state_dir = "{tmp / "state"}"
-{bounds}
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{ports.fake_mcp}/mcp"
-
-[[replicas]]
-name = "fake-a"
-url = "http://127.0.0.1:{ports.engines[0]}"
-models = ["fake-llama"]
-"""
-        )
+        service_bounds = {"scheduler": bounds, "dataplane": bounds, "runtime": bounds}
+        config = stack_config.write(tmp, stack_config.merged(tables, service_bounds))
         self.services = (
             Service("scheduler", ["scheduler", "--config", str(config)], tmp / "scheduler.log"),
             Service("dataplane", ["dataplane", "--config", str(config)], tmp / "dataplane.log"),

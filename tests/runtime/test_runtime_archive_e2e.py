@@ -21,7 +21,7 @@ import time
 
 import httpx
 from mcp import Client
-from support import call
+from support import amend_config, call
 from test_runtime_e2e import backends, error_of, make_runtime  # noqa: F401 (backends: the fixture)
 
 ARCHIVED, AWAITED = 5000, 1000
@@ -65,7 +65,7 @@ EXCEEDED = "budget exceeded: toolCalls 1/1"
 
 def _prepare(rt, now: float) -> None:
     config = rt.state_dir.parent / "luftpause.toml"
-    config.write_text(config.read_text().replace("[runtime]\n", "[runtime]\narchive_retention_s = 3600\n", 1))
+    amend_config(config, "[runtime]\narchive_retention_s = 3600")
     rt.state_dir.mkdir()
     with (rt.state_dir / "archive.jsonl").open("w") as f:
         for i in range(ARCHIVED):

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from support import call, task_planning, until, wait_until
+from support import amend_config, call, task_planning, until, wait_until
 from test_runtime_approvals_e2e import (
     ANY,
     SHORT,
@@ -37,7 +37,7 @@ def runtime_with(tmp_path, backends, settings: str) -> RuntimeUnderTest:  # noqa
     """A runtime whose `[runtime]` table has `settings` too, started, with its tools listed."""
     rt = RuntimeUnderTest(tmp_path, backends)
     config = tmp_path / "luftpause.toml"
-    config.write_text(config.read_text().replace("[runtime]\n", f"[runtime]\n{settings}\n", 1))
+    amend_config(config, f"[runtime]\n{settings}")
     rt.start()
     wait_until(lambda: "delete_file" in httpx.get(rt.status_url).json()["tools"], what="the fixture's tools")
     return rt

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from immutables import Map
 from scheduler_pool import Pool, spec
-from support import Ports, Service, running, sample, scrape, until, write_config
+from support import Ports, Service, amend_config, running, sample, scrape, until, write_config
 from test_scheduler_process import MODEL, EngineStandIn
 from turns_stream import TurnsStream
 
@@ -35,7 +35,7 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     engine = EngineStandIn()
     ports = Ports(engines=[engine.port])
     path = write_config(tmp, ports)
-    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1))
+    amend_config(path, "[scheduler]\nprobe_period_s = 0.25")
     service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log").start()
     with running(service):
         service.wait_http(f"http://127.0.0.1:{ports.status}/status")

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from support import Ports, Service, free_port, running, until, write_config
+from support import Ports, Service, amend_config, free_port, running, until, write_config
 from turns_stream import TurnsStream
 
 from luftpause.proto import pb, rpc
@@ -84,7 +84,7 @@ class Scheduler:
 def _start(tmp: Path, ports: Ports, name: str = "scheduler") -> Service:
     path = write_config(tmp, ports)
     # Probing four times a second instead of every 2 s keeps the waits for a probe short.
-    path.write_text(path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1))
+    amend_config(path, "[scheduler]\nprobe_period_s = 0.25")
     service = Service(name, ["scheduler", "--config", str(path)], tmp / f"{name}.log").start()
     service.wait_http(f"http://127.0.0.1:{ports.status}/status")
     return service

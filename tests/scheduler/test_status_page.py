@@ -30,6 +30,7 @@ from support import (
     Ports,
     QuietHandler,
     Service,
+    amend_config,
     free_port,
     running,
     sample,
@@ -206,9 +207,10 @@ def _screenshot(url: str, path: Path, profile: Path) -> None:
     assert out.returncode == 0 and path.exists(), out.stderr[-2000:]
 
 
-def _allowing(text: str, *origins: str) -> str:
-    """A config's text whose [scheduler] lets the page read runtimes on these origins."""
-    return text.replace("[scheduler]\n", f"[scheduler]\nruntime_origins = {json.dumps(list(origins))}\n", 1)
+def _allowing(path: Path, *origins: str) -> Path:
+    """The config at `path`, its [scheduler] probing four times a second and letting the page
+    read runtimes on these origins."""
+    return amend_config(path, {"scheduler": {"probe_period_s": 0.25, "runtime_origins": list(origins)}})
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +226,7 @@ def scheduler(
     tmp = tmp_path_factory.mktemp("status-page")
     # Two replicas nobody answers for: the first probe finds them unhealthy, so a turn is held.
     ports = Ports(engines=[free_port(), free_port()])
-    path = write_config(tmp, ports)
-    text = path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
-    path.write_text(_allowing(text, runtime.url, nobody))
+    path = _allowing(write_config(tmp, ports), runtime.url, nobody)
     service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log").start()
     with running(service):
         service.wait_http(f"http://127.0.0.1:{ports.status}/status")
@@ -372,8 +372,7 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
     engine = EngineStandIn()
     ports = Ports(engines=[engine.port, free_port()])
     path = write_config(tmp_path, ports)
-    text = _allowing(path.read_text(), runtime.url)
-    text = text.replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
+    text = _allowing(path, runtime.url).read_text()
     # Only fake-a's pool is configured.
     path.write_text(
         text.replace(
@@ -459,7 +458,7 @@ def test_a_llamacpp_replica_shows_the_slots_its_engine_has_and_its_prompt_cache_
     with _llamacpp(answers) as engine:
         ports = Ports(engines=[int(engine.rsplit(":", 1)[1]), free_port()])
         path = write_config(tmp_path, ports)
-        text = path.read_text().replace("[scheduler]\n", "[scheduler]\nprobe_period_s = 0.25\n", 1)
+        text = amend_config(path, "[scheduler]\nprobe_period_s = 0.25").read_text()
         # fake-a speaks llama.cpp's metrics, with its host cache off so that the gate counts slots.
         path.write_text(
             text.replace(
