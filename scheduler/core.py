@@ -108,16 +108,21 @@ from luftpause.scheduler.events import (
 from luftpause.scheduler.ordered import EMPTY, SortedSet
 from luftpause.scheduler.state import (
     RESERVED_CALLER,
+    CallerKey,
     Group,
     Kind,
     Lane,
+    LaneKey,
     Phase,
     Replica,
     Reservation,
     Run,
+    RunKey,
+    SentKey,
     ServiceClass,
     State,
     Turn,
+    TurnKey,
     TurnStatus,
     pinned_to,
 )
@@ -208,24 +213,24 @@ class _Tx:
     in_flight_by_replica: Map[str, int]
     in_flight_by_caller: Map[str, int]
     paused_by_replica: Map[str, int]
-    held_queues: Map[tuple[Group, str], SortedSet]
-    held_groups: Map[Group, SortedSet]
+    held_queues: Map[tuple[Group, str], SortedSet[LaneKey]]
+    held_groups: Map[Group, SortedSet[CallerKey]]
     caller_groups: Map[str, frozenset[Group]]
-    lanes: Map[Lane, SortedSet]
+    lanes: Map[Lane, SortedSet[TurnKey]]
     run_lanes: Map[str, tuple[Lane, ...]]
     run_open: Map[str, int]
     run_placed: Map[str, int]
-    placed_order: SortedSet
-    quiet_order: SortedSet
-    unconfirmed: Map[str, SortedSet]
-    kept_order: SortedSet
+    placed_order: SortedSet[SentKey]
+    quiet_order: SortedSet[RunKey]
+    unconfirmed: Map[str, SortedSet[SentKey]]
+    kept_order: SortedSet[RunKey]
     pause_estimate: Map[str, float]
     unconfirmed_interactive: Map[str, int]
     reserving: Map[str, Map[str, float]]
     reservations: Map[str, Reservation]
     held_kv: Map[str, int]
     held_runs: Map[str, int]
-    hold_order: SortedSet
+    hold_order: SortedSet[RunKey]
     pause_samples: Map[str, tuple[float, ...]]
     tokens_per_byte: Map[str, float]
     attained: Map[str, float]
@@ -924,7 +929,7 @@ def _count_placed(tx: _Tx, turn: Turn, delta: int, charge: int = 0) -> None:
 def _set_unconfirmed(tx: _Tx, turn: Turn, present: bool) -> None:
     """Counts a placed turn among its replica's unconfirmed ones (present) or no longer."""
     replica = turn.replica
-    assert replica is not None
+    assert replica is not None and turn.placed_at is not None
     if not present:
         tx.may_place = True
     # Keyed in the order the turns went out, which is their order in the engine's queue: what
@@ -1246,7 +1251,7 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
     while True:
         if not room_interactive:
             return
-        best_key: tuple[bool, int, int] | None = None
+        best_key: tuple[bool, tuple[float, int], int] | None = None
         best: tuple[Group, str, Replica] | None = None
         still: list[Group] = []
         groups = tx.held_groups
