@@ -117,7 +117,7 @@ class Run(NamedTuple):
     # (see admission.keep_paused_for); None once that has passed, or when it is not paused.
     kept_until: float | None = None
     # The dataplane its latest turn came through ("" for a single unnamed one): a resync from
-    # that dataplane speaks for the run (see core._resynced).
+    # that dataplane speaks for the run (see core.resync).
     dataplane: str = ""
     # The KV tokens it needs to stay warm on its replica (see gate.py): its last reported prompt
     # and reply plus the next reply's reservation; for a run not yet reported, an estimate.
@@ -244,7 +244,7 @@ RESERVED_CALLER = "\x00reserved"
 
 
 class Reservation(NamedTuple):
-    """Room on `replica` set aside for `dataplane` while nothing is held (see `core._reserve`).
+    """Room on `replica` set aside for `dataplane` while nothing is held (see `core.reserve`).
 
     It is counted there by a placeholder turn of the same id (run "", caller `RESERVED_CALLER`,
     interactive, placed and unconfirmed), so every count that limits the replica sees it, for
@@ -348,7 +348,7 @@ class State(NamedTuple):
     pause_estimate: Map[str, float] = _NO_MAP
     # Per replica, how many of `unconfirmed` are interactive turns.
     unconfirmed_interactive: Map[str, int] = _NO_MAP
-    # Reservations (see `core._reserve`): per dataplane that takes them, the replicas its turns
+    # Reservations (see `core.reserve`): per dataplane that takes them, the replicas its turns
     # went to and when last (where it may get them); and those granted, by id.
     reserving: Map[str, Map[str, float]] = _NO_MAP
     reservations: Map[str, Reservation] = _NO_MAP

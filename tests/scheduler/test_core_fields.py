@@ -1,6 +1,6 @@
 """The core's working copy of the state declares the state's fields, for the type checker."""
 
-from luftpause.scheduler.core import _Tx
+from luftpause.scheduler.core.tx import _Tx
 from luftpause.scheduler.state import State
 
 
