@@ -9,8 +9,6 @@ change, and `freeze`s it into the next state: the state handed in is never touch
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
-from typing import Any
 
 from immutables import Map
 
@@ -104,24 +102,56 @@ class _Tx:
         return _new_state(State, _read_state(self))
 
 
-# Copying the state's fields in and out is written from State._fields, once, so that a field
-# added to the state is carried by every decision without being listed here. The opener is
-# made the way namedtuple makes its methods: one unpacking, in one call, with no loop per
-# decision (a decision is a few tens of microseconds; each Python call in it shows). The reader
-# is one attrgetter, and the state is made without NamedTuple._make's length check.
+# Copying the state's fields in and out: one unpacking in and one attrgetter out, with no loop
+# per decision (a decision is a few tens of microseconds; each Python call in it shows), and the
+# state made without NamedTuple._make's length check. The unpacking names the state's fields in
+# their order: a field added to the state fails every decision at once (too many values to
+# unpack), and tests/scheduler/test_core_fields.py keeps the names the state's, in order.
 _read_state = operator.attrgetter(*State._fields)
 _new_state = tuple.__new__
-_OPENER = (
-    "def _open_tx(s):\n"
-    "    tx = _Tx.__new__(_Tx)\n"
-    "    tx.may_place = False\n"
-    "    tx.entered = []\n"
-    f"    ({', '.join(f'tx.{name}' for name in State._fields)},) = s\n"
-    "    return tx\n"
-)
-_namespace: dict[str, Any] = {"_Tx": _Tx}
-exec(_OPENER, _namespace)  # noqa: S102 (generated from State._fields only)
-_open_tx: Callable[[State], _Tx] = _namespace["_open_tx"]
+
+
+def _open_tx(s: State) -> _Tx:
+    """A decision's working copy of the state `s`."""
+    tx = _Tx.__new__(_Tx)
+    tx.may_place = False
+    tx.entered = []
+    (
+        tx.replicas,
+        tx.order,
+        tx.runs,
+        tx.turns,
+        tx.next_seq,
+        tx.now,
+        tx.serving,
+        tx.routers_of,
+        tx.in_flight_by_replica,
+        tx.in_flight_by_caller,
+        tx.paused_by_replica,
+        tx.held_queues,
+        tx.held_groups,
+        tx.caller_groups,
+        tx.lanes,
+        tx.run_lanes,
+        tx.run_open,
+        tx.run_placed,
+        tx.placed_order,
+        tx.quiet_order,
+        tx.unconfirmed,
+        tx.kept_order,
+        tx.pause_estimate,
+        tx.unconfirmed_interactive,
+        tx.reserving,
+        tx.reservations,
+        tx.held_kv,
+        tx.held_runs,
+        tx.hold_order,
+        tx.pause_samples,
+        tx.tokens_per_byte,
+        tx.attained,
+        tx.held_slots,
+    ) = s
+    return tx
 
 
 def _tracks_run(turn: Turn) -> bool:
