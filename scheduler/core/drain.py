@@ -9,7 +9,8 @@ from collections.abc import Iterable
 
 from luftpause.scheduler.actions import Action, Place
 from luftpause.scheduler.core.place import _choose, _place, _room_of, _rooms
-from luftpause.scheduler.core.tx import _BATCH, _paused_at, _tracks_run, _Tx
+from luftpause.scheduler.core.reserve import _sent_there
+from luftpause.scheduler.core.tx import _BATCH, _GENERATIVE, _paused_at, _tracks_run, _Tx
 from luftpause.scheduler.state import (
     Group,
     Replica,
@@ -78,6 +79,8 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
         actions.append(
             Place(turn.turn_id, turn.run_id, replica.name, replica.url, tx.now - turn.arrived_at, slot=slot)
         )
+        if turn.kind is _GENERATIVE:
+            _sent_there(tx, turn.dataplane, replica.name)  # where it wants reservations (reserve.py)
         looking = {*still, *tx.entered[entered:]}
         name = replica.name
         if kept_at is not None and kept_at != name:

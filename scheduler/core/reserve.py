@@ -1,6 +1,37 @@
 """Reservations: room set aside for a dataplane while nothing is held, and taken back when
-something is (the rules are `_reserve`'s); the events that ask for, use and give back
-reservations, and a dataplane leaving.
+something is; the events that ask for, use and give back reservations, and a dataplane leaving.
+
+A turn admitted the usual way waits a round trip to the scheduler before its engine request
+goes out, though while nothing is held the answer is foregone: the run's replica, if it has
+room. So a dataplane that asks for reservations (`ReservationsWanted`) gets reservations on
+each replica its turns have been placed on, while that replica has room for a batch turn
+(the stricter class) and nothing is held anywhere: one at a time to each dataplane in turn,
+at most the replica's lookahead each, and where more than one dataplane wants them never
+the replica's last turn of room, which stays free for whichever asks. A dataplane wants them
+where one of its turns went within `RESERVE_WINDOW_S`; one that has sent nothing there for
+that long has its reservations there revoked and gets none until a turn of its goes there
+again, so room does not sit with a dataplane that has stopped sending there. A reservation
+is counted by a placeholder turn, placed, unconfirmed and interactive, so it takes room from
+both classes and the replica's room is what it would be had a turn of either class been
+placed there. The dataplane sends a turn of a run that last ran there straight to it and
+reports the reservation used; the turn then takes its placeholder's place, and the decision
+grants another if there is room.
+A turn it cannot send on one (a run it does not know, another replica's) it admits the usual
+way, giving back first, in the same message, its reservations on replicas serving the turn's
+model; and while only its turns are held, one that its own dataplane holds a reservation for
+where it may go (granted while the turn was on its way) takes that reservation's room, the
+placement naming it: its own reservations never keep a dataplane's turns waiting.
+
+Once a turn is held, every reservation is revoked (`Revoked`), and so is one on a replica
+that turned unhealthy: it still counts until its dataplane gives it back or reports it used,
+whichever its message says first, so room is never counted twice; the held turn is placed
+when the room comes back. A dataplane's reservations end with its stream (`DataplaneLeft`)
+or its resync, never by the turn timeout (a revoked one counts until given back), and one
+whose replica leaves the pool is revoked as it goes.
+
+Where a dataplane wants reservations is where its turns went: whatever places one of its
+generative turns says so (`_sent_there`), and `_reserve`, at the end of the decision, reads
+that, never the decision's actions.
 """
 
 from __future__ import annotations
@@ -28,6 +59,7 @@ from luftpause.scheduler.events import (
 )
 from luftpause.scheduler.state import (
     RESERVED_CALLER,
+    Replica,
     Reservation,
     Turn,
 )
@@ -37,47 +69,23 @@ RESERVE_WINDOW_S = 1.0
 
 
 def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
-    """Sets room aside for dataplanes while nothing is held, and takes it back when something is.
-
-    A turn admitted the usual way waits a round trip to the scheduler before its engine request
-    goes out, though while nothing is held the answer is foregone: the run's replica, if it has
-    room. So a dataplane that asks for reservations (`ReservationsWanted`) gets reservations on
-    each replica its turns have been placed on, while that replica has room for a batch turn
-    (the stricter class) and nothing is held anywhere: one at a time to each dataplane in turn,
-    at most the replica's lookahead each, and where more than one dataplane wants them never
-    the replica's last turn of room, which stays free for whichever asks. A dataplane wants them
-    where one of its turns went within `RESERVE_WINDOW_S`; one that has sent nothing there for
-    that long has its reservations there revoked and gets none until a turn of its goes there
-    again, so room does not sit with a dataplane that has stopped sending there. A reservation
-    is counted by a placeholder turn, placed, unconfirmed and interactive, so it takes room from
-    both classes and the replica's room is what it would be had a turn of either class been
-    placed there. The dataplane sends
-    a turn of a run that last ran there straight to it and reports the reservation used; the
-    turn then takes its placeholder's place, and the decision grants another if there is room.
-    A turn it cannot send on one (a run it does not know, another replica's) it admits the usual
-    way, giving back first, in the same message, its reservations on replicas serving the turn's
-    model; and while only its turns are held, one that its own dataplane holds a reservation for
-    where it may go (granted while the turn was on its way) takes that reservation's room, the
-    placement naming it: its own reservations never keep a dataplane's turns waiting.
-
-    Once a turn is held, every reservation is revoked (`Revoked`), and so is one on a replica
-    that turned unhealthy: it still counts until its dataplane gives it back or reports it used,
-    whichever its message says first, so room is never counted twice; the held turn is placed
-    when the room comes back. A dataplane's reservations end with its stream (`DataplaneLeft`)
-    or its resync, never by the turn timeout (a revoked one counts until given back), and one
-    whose replica leaves the pool is revoked as it goes.
-    """
-    for action in actions:
-        if type(action) is Place:
-            turn = tx.turns.get(action.turn_id)
-            if turn is not None and turn.kind is _GENERATIVE:
-                _sent_there(tx, turn.dataplane, action.replica)
+    """Sets room aside for dataplanes while nothing is held, and takes it back when something is
+    (the rules are this module's); `grant`: reservations may be granted in this decision."""
     held = bool(tx.held_groups)
     if held and not tx.reservations:
         return  # the usual case under load: nothing to revoke, nothing to grant
     if held and any(not r.revoked for r in tx.reservations.values()):
         _take_own_reservations(tx, actions)
         held = bool(tx.held_groups)
+    _revoke(tx, actions, held)
+    if held or not grant or not tx.reserving:
+        return
+    _grant(tx, actions)
+
+
+def _revoke(tx: _Tx, actions: list[Action], held: bool) -> None:
+    """Revokes every reservation while a turn is `held`, and otherwise those on a replica out of
+    service or where their dataplane no longer wants them; one `Revoked` per dataplane."""
     revoke: dict[str, list[str]] = {}
     for reservation in tx.reservations.values():
         if not reservation.revoked and (
@@ -93,8 +101,10 @@ def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
                 reservation_id, tx.reservations[reservation_id]._replace(revoked=True)
             )
         actions.append(Revoked(dataplane, tuple(ids)))
-    if held or not grant or not tx.reserving:
-        return
+
+
+def _grant(tx: _Tx, actions: list[Action]) -> None:
+    """Grants reservations where dataplanes want them and there is room (nothing is held)."""
     # Per dataplane, the replicas where it wants room.
     wanting = [
         (dataplane, {name for name in sent if _wants(tx, dataplane, name)})
@@ -124,23 +134,26 @@ def _reserve(tx: _Tx, actions: list[Action], grant: bool = True) -> None:
                     or not _room_of(tx, replica, 1 if name in contested else 0)[1]
                 ):
                     continue
-                reservation_id = f"reservation-{tx.next_seq}"
-                _add_turn(
-                    tx,
-                    Turn(
-                        reservation_id, "", _INTERACTIVE, RESERVED_CALLER, "", _GENERATIVE, tx.now, tx.next_seq,
-                        _PLACED, name, tx.now, dataplane=dataplane,
-                    ),
-                )  # fmt: skip
-                tx.next_seq += 1
-                tx.reservations = tx.reservations.set(
-                    reservation_id, Reservation(reservation_id, dataplane, name)
-                )
+                actions.append(_grant_one(tx, dataplane, replica))
                 have[(dataplane, name)] = have.get((dataplane, name), 0) + 1
-                actions.append(
-                    Reserved(reservation_id, dataplane, name, replica.url, tuple(sorted(replica.models)))
-                )
                 granted = True
+
+
+def _grant_one(tx: _Tx, dataplane: str, replica: Replica) -> Reserved:
+    """A reservation on `replica` for `dataplane`, counted by its placeholder turn: placed there,
+    unconfirmed and interactive."""
+    name = replica.name
+    reservation_id = f"reservation-{tx.next_seq}"
+    _add_turn(
+        tx,
+        Turn(
+            reservation_id, "", _INTERACTIVE, RESERVED_CALLER, "", _GENERATIVE, tx.now, tx.next_seq,
+            _PLACED, name, tx.now, dataplane=dataplane,
+        ),
+    )  # fmt: skip
+    tx.next_seq += 1
+    tx.reservations = tx.reservations.set(reservation_id, Reservation(reservation_id, dataplane, name))
+    return Reserved(reservation_id, dataplane, name, replica.url, tuple(sorted(replica.models)))
 
 
 def _take_own_reservations(tx: _Tx, actions: list[Action]) -> None:

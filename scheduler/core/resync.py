@@ -60,7 +60,8 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
         if held is not None and held.status is not _HELD:
             continue  # placed for another dataplane: that one speaks for it
         if held is not None:
-            # The dataplane already runs a turn we were holding: answer its waiting admission with that.
+            # The dataplane already runs a turn we were holding: answer its waiting admission with
+            # that (not `_sent_there`: its reservations went with its old stream, see above).
             actions.append(Place(t.turn_id, t.run_id, t.replica, replica.url, e.at - held.arrived_at))
         else:
             tx.next_seq += 1

@@ -14,8 +14,9 @@ from luftpause.scheduler.core.confirm import _confirm
 from luftpause.scheduler.core.indexes import _hold
 from luftpause.scheduler.core.place import _slot_of
 from luftpause.scheduler.core.pool import _count_outcome, refusal_message
+from luftpause.scheduler.core.reserve import _sent_there
 from luftpause.scheduler.core.runs import _end_turn, _open, _run_came_back, _set_run
-from luftpause.scheduler.core.tx import _PLACED, _group, _tracks_run, _Tx
+from luftpause.scheduler.core.tx import _GENERATIVE, _PLACED, _group, _tracks_run, _Tx
 from luftpause.scheduler.events import (
     FirstToken,
     RunEnded,
@@ -51,6 +52,8 @@ def _turn_arrived(tx: _Tx, e: TurnArrived, actions: list[Action]) -> None:
                     slot=_slot_of(tx, known),
                 )
             )
+            if known.kind is _GENERATIVE:
+                _sent_there(tx, known.dataplane, known.replica)
         return
     if not tx.serving.get((e.kind, e.model)):
         actions.append(Refuse(e.turn_id, e.run_id, refusal_message(e.kind, e.model)))
