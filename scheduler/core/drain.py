@@ -48,26 +48,7 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
     while True:
         if not room_interactive:
             return
-        best_key: tuple[bool, tuple[float, int], int] | None = None
-        best: tuple[Group, str, Replica] | None = None
-        still: list[Group] = []
-        groups = tx.held_groups
-        for group in groups if looking is None else looking:
-            callers = groups.get(group)
-            if callers is None:
-                continue
-            batch = group.service_class is _BATCH
-            if batch and not room_batch:
-                continue
-            count, seq, caller = callers.first()
-            key = (batch, count, seq)
-            if best_key is not None and key >= best_key:
-                still.append(group)  # not looked at: it may have somewhere to go
-                continue
-            replica = _choose(tx, group, room_batch if batch else room_interactive)
-            if replica is not None:
-                still.append(group)
-                best_key, best = key, (group, caller, replica)
+        best, still = _first_placeable(tx, looking, room_interactive, room_batch)
         if best is None:
             return
         group, caller, replica = best
@@ -94,3 +75,32 @@ def _drain(tx: _Tx, actions: list[Action], room_interactive: list[str], room_bat
             room_interactive = [n for n in room_interactive if n != name]
         if not for_batch and name in room_batch:
             room_batch = [n for n in room_batch if n != name]
+
+
+def _first_placeable(
+    tx: _Tx, looking: Iterable[Group] | None, room_interactive: list[str], room_batch: list[str]
+) -> tuple[tuple[Group, str, Replica] | None, list[Group]]:
+    """One round of the drain: of the groups `looking` (None: every held group), the first in
+    drain order whose best turn has somewhere to go, as (group, its caller, the replica), or
+    None; and the groups that may still have somewhere to go (those not looked at included)."""
+    best_key: tuple[bool, tuple[float, int], int] | None = None
+    best: tuple[Group, str, Replica] | None = None
+    still: list[Group] = []
+    groups = tx.held_groups
+    for group in groups if looking is None else looking:
+        callers = groups.get(group)
+        if callers is None:
+            continue
+        batch = group.service_class is _BATCH
+        if batch and not room_batch:
+            continue
+        count, seq, caller = callers.first()
+        key = (batch, count, seq)
+        if best_key is not None and key >= best_key:
+            still.append(group)  # not looked at: it may have somewhere to go
+            continue
+        replica = _choose(tx, group, room_batch if batch else room_interactive)
+        if replica is not None:
+            still.append(group)
+            best_key, best = key, (group, caller, replica)
+    return best, still

@@ -17,6 +17,7 @@ from luftpause.scheduler.core.tx import _HELD, _PLACED, _Tx
 from luftpause.scheduler.events import (
     PoolConfigured,
     ReplicaProbed,
+    ReplicaSpec,
 )
 from luftpause.scheduler.state import (
     RESERVED_CALLER,
@@ -37,39 +38,7 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
     serving: dict[tuple[Kind, str], list[str]] = {}
     routers_of: dict[str, list[str]] = {}
     for spec in e.replicas:
-        fresh = Replica(
-            name=spec.name,
-            url=spec.url,
-            kind=spec.kind,
-            models=frozenset(spec.models),
-            reports_load=spec.reports_load or bool(spec.load_from),
-            load_from=spec.load_from,
-            lookahead=spec.lookahead,
-            kv_tokens=spec.kv_tokens,
-            kv_configured=spec.kv_tokens is not None,
-            gate_min_runs=spec.gate_min_runs,
-            kv_slots=spec.kv_slots,
-            slots_configured=spec.kv_slots is not None,
-            host_cache=spec.host_cache,
-            ejection_base_s=spec.ejection_base_s,
-        )
-        old = tx.replicas.get(spec.name)
-        if old is not None:
-            # A replica that stays in the pool keeps what its probes said.
-            fresh = dataclasses.replace(
-                fresh,
-                healthy=old.healthy,
-                probed=old.probed,
-                running=old.running,
-                waiting=old.waiting,
-                others_waiting=old.others_waiting,
-                read_at=old.read_at,
-                kv_tokens=fresh.kv_tokens if fresh.kv_configured else old.kv_tokens,
-                kv_slots=fresh.kv_slots if fresh.slots_configured else old.kv_slots,
-                prompt_tokens=old.prompt_tokens,
-                cached_tokens=old.cached_tokens,
-                outlier=old.outlier,
-            )
+        fresh = _replica(spec, tx.replicas.get(spec.name))
         replicas[spec.name] = fresh
         for model in spec.models:
             serving.setdefault((spec.kind, model), []).append(spec.name)
@@ -98,6 +67,43 @@ def _pool_configured(tx: _Tx, e: PoolConfigured, actions: list[Action]) -> None:
     _rebuild(tx, list(tx.runs.values()), kept)
     # Its dataplane must not send a turn there on a reservation it still holds.
     actions.extend(Revoked(dataplane, tuple(ids)) for dataplane, ids in sorted(gone.items()))
+
+
+def _replica(spec: ReplicaSpec, old: Replica | None) -> Replica:
+    """The replica `spec` configures; `old`: the same replica as it stood before, if any."""
+    fresh = Replica(
+        name=spec.name,
+        url=spec.url,
+        kind=spec.kind,
+        models=frozenset(spec.models),
+        reports_load=spec.reports_load or bool(spec.load_from),
+        load_from=spec.load_from,
+        lookahead=spec.lookahead,
+        kv_tokens=spec.kv_tokens,
+        kv_configured=spec.kv_tokens is not None,
+        gate_min_runs=spec.gate_min_runs,
+        kv_slots=spec.kv_slots,
+        slots_configured=spec.kv_slots is not None,
+        host_cache=spec.host_cache,
+        ejection_base_s=spec.ejection_base_s,
+    )
+    if old is not None:
+        # A replica that stays in the pool keeps what its probes said.
+        fresh = dataclasses.replace(
+            fresh,
+            healthy=old.healthy,
+            probed=old.probed,
+            running=old.running,
+            waiting=old.waiting,
+            others_waiting=old.others_waiting,
+            read_at=old.read_at,
+            kv_tokens=fresh.kv_tokens if fresh.kv_configured else old.kv_tokens,
+            kv_slots=fresh.kv_slots if fresh.slots_configured else old.kv_slots,
+            prompt_tokens=old.prompt_tokens,
+            cached_tokens=old.cached_tokens,
+            outlier=old.outlier,
+        )
+    return fresh
 
 
 def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:

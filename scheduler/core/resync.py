@@ -18,10 +18,18 @@ from luftpause.scheduler.state import (
 
 
 def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
+    """A dataplane's view replaces what it spoke for (see the module's docstring)."""
     tx.may_place = True
     # Its reservations go with its old stream; it asks again on its new one.
     if e.dataplane in tx.reserving:
         tx.reserving = tx.reserving.delete(e.dataplane)
+    runs = _runs_after(tx, e)
+    turns = _turns_after(tx, e, actions)
+    _rebuild(tx, list(runs.values()), sorted(turns.values(), key=lambda t: t.seq))
+
+
+def _runs_after(tx: _Tx, e: Resynced) -> dict[str, Run]:
+    """The runs after the resync `e`: others' as they were, and the ones its view names."""
     # What other dataplanes sent stays: their placed turns, and the runs whose latest turn came
     # through them, unless this view names the run and saw it more recently.
     named = {r.run_id: r for r in e.runs}
@@ -50,6 +58,12 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
             runs[r.run_id] = (
                 run._replace(hold_until=_hold_until(tx, run, e.at)) if r.phase is _PAUSED else run
             )
+    return runs
+
+
+def _turns_after(tx: _Tx, e: Resynced, actions: list[Action]) -> dict[str, Turn]:
+    """The turns after the resync `e`: the held ones, others' placed ones, and the ones its view
+    names as placed (a held one among them is answered with its placement)."""
     # Held turns are ours alone (their dataplanes wait on them here); placed ones are their dataplane's word.
     turns = {t.turn_id: t for t in tx.turns.values() if t.status is _HELD or t.dataplane != e.dataplane}
     for t in e.turns:
@@ -79,4 +93,4 @@ def _resynced(tx: _Tx, e: Resynced, actions: list[Action]) -> None:
             e.at,
             dataplane=e.dataplane,
         )
-    _rebuild(tx, list(runs.values()), sorted(turns.values(), key=lambda t: t.seq))
+    return turns

@@ -103,34 +103,46 @@ def _set_run(tx: _Tx, run_id: str, new: Run | None) -> None:
     old_size = old.working_set if old is not None and old_pin is not None else 0
     new_size = new.working_set if new is not None and new_pin is not None else 0
     if old_pin != new_pin or old_size != new_size:
-        # What the replicas hold for the gate: a run counts where it is pinned, by its size.
-        if old_pin is not None:
-            tx.held_kv = _bump(tx.held_kv, old_pin, -old_size)
-            if old_pin != new_pin:
-                tx.held_runs = _bump(tx.held_runs, old_pin, -1)
-            if (old_pin != new_pin or new_size < old_size) and gate.known(tx.replicas[old_pin]):
-                tx.may_place = True  # room for the gate (no other rule counts runs)
-        if new_pin is not None:
-            tx.held_kv = _bump(tx.held_kv, new_pin, new_size)
-            if old_pin != new_pin:
-                tx.held_runs = _bump(tx.held_runs, new_pin, 1)
+        _move_held(tx, old_pin, old_size, new_pin, new_size)
     old_slot = old.slot if old_pin is not None else None  # type: ignore[union-attr]
     new_slot = new.slot if new_pin is not None else None  # type: ignore[union-attr]
     if old_slot != new_slot or (old_slot is not None and old_pin != new_pin):
-        # The slots a slot engine's held runs keep their KV in (`_slot_for`).
-        if old_slot is not None:
-            assert old_pin is not None
-            left = tx.held_slots.get(old_pin, frozenset()) - {old_slot}
-            tx.held_slots = tx.held_slots.set(old_pin, left) if left else tx.held_slots.delete(old_pin)
-        if new_slot is not None:
-            assert new_pin is not None
-            tx.held_slots = tx.held_slots.set(new_pin, tx.held_slots.get(new_pin, frozenset()) | {new_slot})
+        _move_slot(tx, old_pin, old_slot, new_pin, new_slot)
     if old_pin != new_pin:
         # Each lane of the run moves whole, by its first turn: O(log n) per lane, not per turn.
         for lane in tx.run_lanes.get(run_id, ()):
             head = tx.lanes[lane].first()[0]
             _unhold_lane(tx, lane, head, Group(lane.kind, lane.model, old_pin, lane.service_class))
             _hold_lane(tx, lane, head, Group(lane.kind, lane.model, new_pin, lane.service_class))
+
+
+def _move_held(tx: _Tx, old_pin: str | None, old_size: int, new_pin: str | None, new_size: int) -> None:
+    """What the replicas hold for the gate, after a run pinned to `old_pin` with its working set
+    `old_size` is pinned to `new_pin` with `new_size`: a run counts where it is pinned, by its size."""
+    if old_pin is not None:
+        tx.held_kv = _bump(tx.held_kv, old_pin, -old_size)
+        if old_pin != new_pin:
+            tx.held_runs = _bump(tx.held_runs, old_pin, -1)
+        if (old_pin != new_pin or new_size < old_size) and gate.known(tx.replicas[old_pin]):
+            tx.may_place = True  # room for the gate (no other rule counts runs)
+    if new_pin is not None:
+        tx.held_kv = _bump(tx.held_kv, new_pin, new_size)
+        if old_pin != new_pin:
+            tx.held_runs = _bump(tx.held_runs, new_pin, 1)
+
+
+def _move_slot(
+    tx: _Tx, old_pin: str | None, old_slot: int | None, new_pin: str | None, new_slot: int | None
+) -> None:
+    """The slots a slot engine's held runs keep their KV in (`_slot_for`), after a run held in
+    `old_slot` of `old_pin` is held in `new_slot` of `new_pin` (None: none)."""
+    if old_slot is not None:
+        assert old_pin is not None
+        left = tx.held_slots.get(old_pin, frozenset()) - {old_slot}
+        tx.held_slots = tx.held_slots.set(old_pin, left) if left else tx.held_slots.delete(old_pin)
+    if new_slot is not None:
+        assert new_pin is not None
+        tx.held_slots = tx.held_slots.set(new_pin, tx.held_slots.get(new_pin, frozenset()) | {new_slot})
 
 
 def _open(tx: _Tx, run_id: str, delta: int) -> None:
