@@ -25,7 +25,7 @@ def engine_request(
     if replica is not None and replica.engine_priority != "none" and turn.kind == pb.GENERATIVE:
         body = priority.engine_body(body, replica.engine_priority, turn.service_class, turn.client_priority)
     if placement.HasField("slot") and turn.kind == pb.GENERATIVE:
-        # The slot its run's KV stays in (scheduler/core.py `_slot_for`); a client's own
+        # The slot its run's KV stays in (scheduler/core/place.py `_slot_for`); a client's own
         # `id_slot` comes later in the body and wins.
         body = with_first_member(body, b'"id_slot":%d' % placement.slot)
     base = placement.url or (replica.url if replica else "")

@@ -1,7 +1,7 @@
 """The reservations the scheduler granted this dataplane on its current stream (`ReservationPool`).
 
 While the scheduler holds no turn, it grants each dataplane that asks room on replicas ahead of
-its turns (scheduler/core.py, the reservations): a turn of a run this dataplane knows then goes to
+its turns (scheduler/core/reserve.py): a turn of a run this dataplane knows then goes to
 its run's replica without asking, and the use rides to the scheduler with the next message. The
 pool keeps them by replica, oldest first; the scheduler client decides when a turn may use one
 and tells the scheduler what was used or given back. A new stream starts with an empty pool.

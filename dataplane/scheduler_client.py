@@ -223,7 +223,7 @@ class SchedulerClient:
 
     def _give_back_room_for(self, request: pb.AdmitRequest) -> None:
         """A turn that asks gives back, ahead of its admission, this dataplane's reservations on
-        the replicas that could take it, so that they do not keep it waiting (core._reserve)."""
+        the replicas that could take it, so that they do not keep it waiting (core.reserve)."""
         if request.kind != pb.GENERATIVE:
             return
         for reservation in self._reservations.take_serving(request.model):

@@ -19,9 +19,9 @@ class Place:
     replica: str
     url: str
     held_s: float
-    # The reservation of its dataplane's it took the room of ("" for none): see core._reserve.
+    # The reservation of its dataplane's it took the room of ("" for none): see core.reserve.
     reservation_id: str = ""
-    # The engine slot its request names (llama.cpp's `id_slot`), None for none: core._slot_for.
+    # The engine slot its request names (llama.cpp's `id_slot`), None for none: core.place._slot_for.
     slot: int | None = None
 
 

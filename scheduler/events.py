@@ -235,7 +235,7 @@ class Resynced:
 
 @dataclass(frozen=True, slots=True)
 class ReservationsWanted:
-    """A dataplane takes reservations (see `core._reserve`): it opened a Turns stream and asked."""
+    """A dataplane takes reservations (see `core.reserve`): it opened a Turns stream and asked."""
 
     dataplane: str
     at: float

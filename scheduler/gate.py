@@ -45,7 +45,7 @@ pauses on tools (`HOLD_PERCENTILE` of the last `HOLD_SAMPLES`, times `HOLD_SLACK
 re-reading the prefix would, so the run lets go at once: the room goes to runs that will use it.
 A caller with no pause seen yet keeps `HOLD_MAX_S`.
 
-Everything here is pure arithmetic on numbers the core keeps; the core (`core.py`) owns when it
+Everything here is pure arithmetic on numbers the core keeps; the core (`core/`) owns when it
 is asked, and the status page reads the same functions.
 """
 

@@ -48,7 +48,7 @@ log = logging.getLogger("luftpause.scheduler")
 
 # A dataplane with no Turns stream open for this long is forgotten (its entry in /status's
 # `dataplanes`); what came through it stays, as after any stream's end: its runs until they go idle
-# or move to another dataplane, its turns in flight until reported or TURN_TIMEOUT_S (core.py).
+# or move to another dataplane, its turns in flight until reported or TURN_TIMEOUT_S (core/turns.py).
 DATAPLANE_FORGET_S = 300.0
 
 
@@ -75,7 +75,7 @@ class Link:
         self.dataplane = dataplane
         self.waiting: dict[str, str] = {}
         self.outbox: list[pb.Placement] = []
-        # Reservations granted and revoked since the last message (see core._reserve).
+        # Reservations granted and revoked since the last message (see core.reserve).
         self.reserved: list[pb.Reservation] = []
         self.revoked: list[str] = []
         self.nothing_held = False

@@ -12,6 +12,8 @@ import signal
 import socket
 from collections.abc import Iterator
 
+import grpc
+
 from luftpause import config as _config
 from luftpause import http_server, tracing
 from luftpause.bearer import token_from_env
@@ -54,22 +56,11 @@ async def _ticks(host: SchedulerHost) -> None:
         host.tick()
 
 
-async def _main(config: _config.Config) -> None:
-    settings = config.scheduler
-    host = SchedulerHost(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    try:
-        status_socket = _listen(settings.host, settings.status_port)
-    except OSError as e:
-        raise SystemExit(
-            f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
-        ) from None
-
-    token = token_from_env(f"the scheduler's gRPC port takes calls from anyone who can reach {settings.host}")
+def _grpc_server(
+    settings: _config.SchedulerSettings, host: SchedulerHost, token: str | None, status_socket: socket.socket
+) -> grpc.aio.Server:
+    """The gRPC server serving `host`, bound to its port (not started); the process exits, closing
+    `status_socket`, when the port cannot be had."""
     server = grpc_server(token)
     rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     try:
@@ -79,9 +70,13 @@ async def _main(config: _config.Config) -> None:
     if bound == 0:
         status_socket.close()
         raise SystemExit(f"luftpause scheduler: cannot listen on {settings.host}:{settings.grpc_port} (gRPC)")
-    await server.start()
+    return server
 
-    status = _StatusServer(
+
+def _status_server(config: _config.Config, host: SchedulerHost, token: str | None) -> _StatusServer:
+    """The status port's server: the status document and page, and the metrics, of `host`."""
+    settings = config.scheduler
+    return _StatusServer(
         http_server.uvicorn_config(
             HostGuard(
                 build_app(
@@ -106,6 +101,28 @@ async def _main(config: _config.Config) -> None:
         settings,
         "scheduler",
     )
+
+
+async def _main(config: _config.Config) -> None:
+    settings = config.scheduler
+    host = SchedulerHost(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    try:
+        status_socket = _listen(settings.host, settings.status_port)
+    except OSError as e:
+        raise SystemExit(
+            f"luftpause scheduler: cannot listen on {settings.host}:{settings.status_port}: {e.strerror}"
+        ) from None
+
+    token = token_from_env(f"the scheduler's gRPC port takes calls from anyone who can reach {settings.host}")
+    server = _grpc_server(settings, host, token, status_socket)
+    await server.start()
+
+    status = _status_server(config, host, token)
     tasks = [
         asyncio.create_task(status.serve(sockets=[status_socket]), name="status"),
         asyncio.create_task(

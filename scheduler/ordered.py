@@ -15,12 +15,18 @@ set ever reached: two levels hold sixteen thousand keys, three two million.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 # Copying 128 pointers is cheap next to the interpreter's work per level, and the sets the
 # scheduler keeps per group or per caller then stay a single leaf.
 FANOUT = 128
+
+# The keys' type: ordered (the scheduler's are ints and tuples of numbers and strings).
+K = TypeVar("K", bound="SupportsRichComparison")
 
 
 class _Branch:
@@ -98,12 +104,15 @@ def _walk(node: Any) -> Iterator[Any]:
             yield from _walk(kid)
 
 
-class SortedSet:
-    """An immutable set of keys kept in ascending order."""
+class SortedSet(Generic[K]):
+    """An immutable set of keys of type `K` kept in ascending order.
+
+    The nodes hold the keys untyped (a leaf is a tuple of them, a branch holds nodes); the
+    methods are what types them."""
 
     __slots__ = ("_len", "_root")
 
-    def __init__(self, keys: Any = ()) -> None:
+    def __init__(self, keys: Iterable[K] = ()) -> None:
         root: Any = ()
         size = 0
         for key in sorted(set(keys)):
@@ -114,28 +123,28 @@ class SortedSet:
         self._root = root
         self._len = size
 
-    def add(self, key: Any) -> SortedSet:
+    def add(self, key: K) -> SortedSet[K]:
         parts = _insert(self._root, key)
         if parts is None:
             return self
-        s = object.__new__(SortedSet)
+        s: SortedSet[K] = object.__new__(SortedSet)
         s._root = parts[0] if len(parts) == 1 else _Branch(tuple(_last(p) for p in parts), parts)
         s._len = self._len + 1
         return s
 
-    def remove(self, key: Any) -> SortedSet:
+    def remove(self, key: K) -> SortedSet[K]:
         """The set without `key`; the same set when it is absent."""
         root = _delete(self._root, key)
         if root is self._root:
             return self
         while type(root) is _Branch and len(root.kids) == 1:
             root = root.kids[0]
-        s = object.__new__(SortedSet)
+        s: SortedSet[K] = object.__new__(SortedSet)
         s._root = root
         s._len = self._len - 1
         return s
 
-    def replace(self, old: Any, new: Any) -> SortedSet:
+    def replace(self, old: K, new: K) -> SortedSet[K]:
         """The set with `old` (which must be in it) swapped for `new` (which must not be)."""
         root = self._root
         if type(root) is tuple:
@@ -143,18 +152,20 @@ class SortedSet:
             keys = list(root)
             del keys[bisect_left(keys, old)]
             insort(keys, new)
-            s = object.__new__(SortedSet)
+            s: SortedSet[K] = object.__new__(SortedSet)
             s._root = tuple(keys)
             s._len = self._len
             return s
         return self.remove(old).add(new)
 
-    def first(self) -> Any:
-        """The smallest key, or None when the set is empty."""
+    def first(self) -> K:
+        """The smallest key, or None when the set is empty. Typed `K`: the scheduler asks it only
+        of a set it knows holds keys (an empty set is falsy), and an optional result would make
+        every such call pay for a check that cannot fail."""
         node = self._root
         while type(node) is _Branch:
             node = node.kids[0]
-        return node[0] if node else None
+        return node[0] if node else None  # type: ignore[return-value]
 
     def __contains__(self, key: object) -> bool:
         node = self._root
@@ -166,7 +177,7 @@ class SortedSet:
         i = bisect_left(node, key)
         return i < len(node) and node[i] == key
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[K]:
         return _walk(self._root)
 
     def __len__(self) -> int:
@@ -190,4 +201,5 @@ class SortedSet:
         return (SortedSet, (list(self),))
 
 
-EMPTY = SortedSet()
+# The empty set, of any key type: every index starts from it.
+EMPTY: SortedSet[Any] = SortedSet()

@@ -23,7 +23,7 @@ and ejects a replica whose turns fail too often:
   and its failures reach the clients, who can tell.
 
 Everything here is a pure function of a replica's `Outlier` record and the event's time; the
-core (`core.py`) keeps the records in its replicas and decides whether an ejection may happen.
+core (`core/`) keeps the records in its replicas and decides whether an ejection may happen.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ class Run(NamedTuple):
     # (see admission.keep_paused_for); None once that has passed, or when it is not paused.
     kept_until: float | None = None
     # The dataplane its latest turn came through ("" for a single unnamed one): a resync from
-    # that dataplane speaks for the run (see core._resynced).
+    # that dataplane speaks for the run (see core.resync).
     dataplane: str = ""
     # The KV tokens it needs to stay warm on its replica (see gate.py): its last reported prompt
     # and reply plus the next reply's reservation; for a run not yet reported, an estimate.
@@ -244,7 +244,7 @@ RESERVED_CALLER = "\x00reserved"
 
 
 class Reservation(NamedTuple):
-    """Room on `replica` set aside for `dataplane` while nothing is held (see `core._reserve`).
+    """Room on `replica` set aside for `dataplane` while nothing is held (see `core.reserve`).
 
     It is counted there by a placeholder turn of the same id (run "", caller `RESERVED_CALLER`,
     interactive, placed and unconfirmed), so every count that limits the replica sees it, for
@@ -281,6 +281,14 @@ class Lane(NamedTuple):
     caller: str
 
 
+# The keys of the sorted indexes (`State`'s fields say what each holds).
+TurnKey = tuple[int, str]  # (seq, turn id): a lane's turns, in arrival order
+LaneKey = tuple[int, Lane]  # (seq of the lane's first turn, lane): a caller's lanes in a group
+# ((attained service, turns in flight), first seq, caller): a group's callers, in drain order
+CallerKey = tuple[tuple[float, int], int, str]
+SentKey = tuple[float, int, str]  # (placed_at, seq, turn id): placed turns, in the order they went out
+RunKey = tuple[float, str]  # (a time, run id): runs by when something is due
+
 _NO_MAP: Map[Any, Any] = Map()
 
 
@@ -316,10 +324,10 @@ class State(NamedTuple):
     # - per group, each caller with lanes there as ((its attained service, its turns in flight),
     #   its first seq, caller), so a group's first key leads to the turn it would place next;
     # and the groups each caller has turns held in (re-keyed when either of the two changes).
-    held_queues: Map[tuple[Group, str], SortedSet] = _NO_MAP
-    held_groups: Map[Group, SortedSet] = _NO_MAP
+    held_queues: Map[tuple[Group, str], SortedSet[LaneKey]] = _NO_MAP
+    held_groups: Map[Group, SortedSet[CallerKey]] = _NO_MAP
     caller_groups: Map[str, frozenset[Group]] = _NO_MAP
-    lanes: Map[Lane, SortedSet] = _NO_MAP
+    lanes: Map[Lane, SortedSet[TurnKey]] = _NO_MAP
     # Per run id: the lanes of its held generative turns (they move when the run's pin moves);
     # its open turns of any kind (a run with one is never forgotten as idle); its placed
     # generative turns.
@@ -327,20 +335,20 @@ class State(NamedTuple):
     run_open: Map[str, int] = _NO_MAP
     run_placed: Map[str, int] = _NO_MAP
     # Placed turns as (placed_at, seq, turn id), oldest first: what the turn timeout looks at.
-    placed_order: SortedSet = EMPTY
+    placed_order: SortedSet[SentKey] = EMPTY
     # Runs with no open turn as (last activity, run id), quietest first: what idle expiry looks at.
-    quiet_order: SortedSet = EMPTY
+    quiet_order: SortedSet[RunKey] = EMPTY
     # Per replica, our placed turns not yet seen running there, as (placed_at, seq, turn id), in
     # the order they went out: the ones that may be waiting in its engine's queue (see admission.py).
-    unconfirmed: Map[str, SortedSet] = _NO_MAP
+    unconfirmed: Map[str, SortedSet[SentKey]] = _NO_MAP
     # Interactive runs paused on a tool with room kept for them, as (kept_until, run id), soonest
     # first: what ends a kept slot whose tool is taking longer than its caller's usually do.
-    kept_order: SortedSet = EMPTY
+    kept_order: SortedSet[RunKey] = EMPTY
     # Per caller, the running average of its runs' pauses on tools, in seconds.
     pause_estimate: Map[str, float] = _NO_MAP
     # Per replica, how many of `unconfirmed` are interactive turns.
     unconfirmed_interactive: Map[str, int] = _NO_MAP
-    # Reservations (see `core._reserve`): per dataplane that takes them, the replicas its turns
+    # Reservations (see `core.reserve`): per dataplane that takes them, the replicas its turns
     # went to and when last (where it may get them); and those granted, by id.
     reserving: Map[str, Map[str, float]] = _NO_MAP
     reservations: Map[str, Reservation] = _NO_MAP
@@ -350,7 +358,7 @@ class State(NamedTuple):
     # tokens its requests carry per byte.
     held_kv: Map[str, int] = _NO_MAP
     held_runs: Map[str, int] = _NO_MAP
-    hold_order: SortedSet = EMPTY
+    hold_order: SortedSet[RunKey] = EMPTY
     pause_samples: Map[str, tuple[float, ...]] = _NO_MAP
     tokens_per_byte: Map[str, float] = _NO_MAP
     # Per caller, its attained service: the engine tokens its turns asked for, decayed over

@@ -214,55 +214,59 @@ def _ejection_document(replica: Replica, now: float) -> dict[str, Any]:
     }
 
 
+def _replica_document(
+    state: State, r: Replica, in_flight: dict[str, int], reserved: dict[str, int], now: float
+) -> dict[str, Any]:
+    """One replica's entry in the /status document (`in_flight` and `reserved`: `per_replica`)."""
+    return {
+        "name": r.name,
+        "url": r.url,
+        "kind": str(r.kind),
+        "models": sorted(r.models),
+        "healthy": r.healthy,
+        "probed": r.probed,
+        # Healthy and not ejected: turns may go there.
+        "in_service": r.in_service,
+        "ejection": _ejection_document(r, now),
+        "in_flight": in_flight.get(r.name, 0),
+        # The most of our turns it may hold now (admission.limit).
+        "limit": admission.limit(r, in_flight.get(r.name, 0), state.waiting_interactive(r.name)),
+        "lookahead": r.lookahead,
+        # Our turns there that its engine is not yet known to have started, and of those
+        # the interactive ones (each class may have a lookahead of them there).
+        "waiting_ours": state.waiting_ours(r.name),
+        "waiting_interactive": state.waiting_interactive(r.name),
+        # Other clients' requests its last reading showed queued ahead of ours.
+        "others_waiting": r.others_waiting,
+        "running": r.running,
+        "waiting": r.waiting,
+        "paused_interactive": state.paused_interactive(r.name),
+        # Room set aside for dataplanes while nothing is held (counted in waiting_ours).
+        "reserved": reserved.get(r.name, 0),
+        # The run gate (gate.py): the KV pool in tokens and where it was read (None: unknown,
+        # and the gate is off here), what held runs may take of it, and the runs it holds.
+        "kv_tokens": r.kv_tokens,
+        "kv_source": _kv_source(r),
+        # "slots", "tokens", or "off: <why>" (gate.mode); slots as the engine or config says.
+        "gate": gate.mode(r),
+        "kv_slots": r.kv_slots,
+        "host_cache": r.host_cache,
+        "kv_capacity": gate.capacity(r),
+        "held_runs": state.held_runs.get(r.name, 0),
+        "held_kv_tokens": state.held_kv.get(r.name, 0),
+        # The engine's prompt-cache counters since it started (None: not on its /metrics
+        # page): prompt tokens taken, cached ones included, those its cache gave back, and
+        # the share they make. Shown only: no decision reads them.
+        "prompt_tokens": r.prompt_tokens,
+        "cached_tokens": r.cached_tokens,
+        "prompt_cache_share": prompt_cache_share(r),
+    }
+
+
 def status_document(state: State, now: float) -> dict[str, Any]:
     """The /status document for `state`, with waits measured up to `now` (on the events' clock)."""
     in_flight, reserved = per_replica(state)
-    replicas = [
-        {
-            "name": r.name,
-            "url": r.url,
-            "kind": str(r.kind),
-            "models": sorted(r.models),
-            "healthy": r.healthy,
-            "probed": r.probed,
-            # Healthy and not ejected: turns may go there.
-            "in_service": r.in_service,
-            "ejection": _ejection_document(r, now),
-            "in_flight": in_flight.get(r.name, 0),
-            # The most of our turns it may hold now (admission.limit).
-            "limit": admission.limit(r, in_flight.get(r.name, 0), state.waiting_interactive(r.name)),
-            "lookahead": r.lookahead,
-            # Our turns there that its engine is not yet known to have started, and of those
-            # the interactive ones (each class may have a lookahead of them there).
-            "waiting_ours": state.waiting_ours(r.name),
-            "waiting_interactive": state.waiting_interactive(r.name),
-            # Other clients' requests its last reading showed queued ahead of ours.
-            "others_waiting": r.others_waiting,
-            "running": r.running,
-            "waiting": r.waiting,
-            "paused_interactive": state.paused_interactive(r.name),
-            # Room set aside for dataplanes while nothing is held (counted in waiting_ours).
-            "reserved": reserved.get(r.name, 0),
-            # The run gate (gate.py): the KV pool in tokens and where it was read (None: unknown,
-            # and the gate is off here), what held runs may take of it, and the runs it holds.
-            "kv_tokens": r.kv_tokens,
-            "kv_source": _kv_source(r),
-            # "slots", "tokens", or "off: <why>" (gate.mode); slots as the engine or config says.
-            "gate": gate.mode(r),
-            "kv_slots": r.kv_slots,
-            "host_cache": r.host_cache,
-            "kv_capacity": gate.capacity(r),
-            "held_runs": state.held_runs.get(r.name, 0),
-            "held_kv_tokens": state.held_kv.get(r.name, 0),
-            # The engine's prompt-cache counters since it started (None: not on its /metrics
-            # page): prompt tokens taken, cached ones included, those its cache gave back, and
-            # the share they make. Shown only: no decision reads them.
-            "prompt_tokens": r.prompt_tokens,
-            "cached_tokens": r.cached_tokens,
-            "prompt_cache_share": prompt_cache_share(r),
-        }
-        for r in state.replicas_in_order()
-    ]
+    replicas = [_replica_document(state, r, in_flight, reserved, now) for r in state.replicas_in_order()]
 
     held = sorted(state.held(), key=lambda t: t.seq)
     waiting = waiting_for_room(state, held)
@@ -348,6 +352,31 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(message), status_code=status)
 
 
+def _bearer_check(token: str | None) -> Callable[[Request], None]:
+    """The dependency that lets a request to a document or /metrics through only with `token` as
+    its bearer (401 otherwise), or every request when there is no token."""
+    secret = token.encode() if token else None
+
+    def authorized(request: Request) -> None:
+        if secret is None:
+            return
+        header = request.headers.get("authorization")
+        if not bearer_matches(header.encode("latin-1") if header else None, secret):
+            raise HTTPException(
+                401, f"missing or wrong bearer token (see {TOKEN_ENV}); the page at / asks for it"
+            )
+
+    return authorized
+
+
+def _serve_metrics(app: FastAPI, render: Callable[[], bytes], authorized: Callable[[Request], None]) -> None:
+    """GET /metrics on `app`: the Prometheus exposition text `render` makes, behind `authorized`."""
+
+    @app.get("/metrics", dependencies=[Depends(authorized)])
+    async def prometheus() -> Response:
+        return Response(render(), media_type=CONTENT_TYPE_LATEST)
+
+
 def build_app(
     current: Callable[[], State],
     clock: Callable[[], float],
@@ -371,16 +400,8 @@ def build_app(
     page = _page(resources.files("luftpause.scheduler").joinpath("status.html").read_text(), runtime_origins)
     # The browser connects nowhere else from the page, whatever its script is told.
     policy = {"content-security-policy": " ".join(["connect-src 'self'", *runtime_origins])}
-    secret = token.encode() if token else None
 
-    def authorized(request: Request) -> None:
-        if secret is None:
-            return
-        header = request.headers.get("authorization")
-        if not bearer_matches(header.encode("latin-1") if header else None, secret):
-            raise HTTPException(
-                401, f"missing or wrong bearer token (see {TOKEN_ENV}); the page at / asks for it"
-            )
+    authorized = _bearer_check(token)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -407,11 +428,7 @@ def build_app(
         return JSONResponse(doc)
 
     if metrics is not None:
-        render = metrics
-
-        @app.get("/metrics", dependencies=[Depends(authorized)])
-        async def prometheus() -> Response:
-            return Response(render(), media_type=CONTENT_TYPE_LATEST)
+        _serve_metrics(app, metrics, authorized)
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:

@@ -1,6 +1,6 @@
 """Reservations end to end: the real scheduler host behind real gRPC, the dataplane's own client.
 
-What a user must see (proto/scheduler.proto, core._reserve):
+What a user must see (proto/scheduler.proto, core.reserve):
 
 - on a quiet stack, a run's next turn goes to the replica it last ran on without waiting for the
   scheduler to answer, while a run the dataplane has never seen still asks;

@@ -64,6 +64,15 @@ def test_the_core_loads_nothing_impure() -> None:
     assert len(loaded) < 60, loaded  # 38 on 2026-12-04, 170 when it went through the config
 
 
+def test_importing_the_core_loads_every_module_of_its_package() -> None:
+    # So that the check above reads each of them: a module the package's __init__ stopped
+    # loading would escape it.
+    _, files = what_loading_brings("luftpause.scheduler.core")
+    package = Path(files["luftpause.scheduler.core"]).parent
+    modules = {f"luftpause.scheduler.core.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    assert len(modules) > 5 and modules <= set(files), sorted(modules - set(files))
+
+
 def test_the_check_flags_the_process_around_the_core() -> None:
     found = impurities("luftpause.scheduler.main")
     for expected in ("grpc", "threading", "pydantic", "socket"):

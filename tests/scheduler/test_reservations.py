@@ -1,4 +1,4 @@
-"""Reservations (core._reserve): room set aside for a dataplane while nothing is held.
+"""Reservations (core.reserve): room set aside for a dataplane while nothing is held.
 
 What a user of the scheduler relies on, shown with explicit event sequences and then checked on
 random ones (hypothesis, stateful) against the core's own books:
