@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -207,10 +208,10 @@ def _screenshot(url: str, path: Path, profile: Path) -> None:
     assert out.returncode == 0 and path.exists(), out.stderr[-2000:]
 
 
-def _allowing(path: Path, *origins: str) -> Path:
-    """The config at `path`, its [scheduler] probing four times a second and letting the page
-    read runtimes on these origins."""
-    return amend_config(path, {"scheduler": {"probe_period_s": 0.25, "runtime_origins": list(origins)}})
+def _allowing(path: Path, *origins: str, **scheduler: Any) -> Path:
+    """The config at `path`, its [scheduler] letting the page read runtimes on these origins
+    (with the other [scheduler] keys given)."""
+    return amend_config(path, {"scheduler": {"runtime_origins": list(origins), **scheduler}})
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +227,7 @@ def scheduler(
     tmp = tmp_path_factory.mktemp("status-page")
     # Two replicas nobody answers for: the first probe finds them unhealthy, so a turn is held.
     ports = Ports(engines=[free_port(), free_port()])
-    path = _allowing(write_config(tmp, ports), runtime.url, nobody)
+    path = _allowing(write_config(tmp, ports), runtime.url, nobody, probe_period_s=0.25)
     service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log").start()
     with running(service):
         service.wait_http(f"http://127.0.0.1:{ports.status}/status")
@@ -372,7 +373,7 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
     engine = EngineStandIn()
     ports = Ports(engines=[engine.port, free_port()])
     path = write_config(tmp_path, ports)
-    text = _allowing(path, runtime.url).read_text()
+    text = _allowing(path, runtime.url, probe_period_s=0.25).read_text()
     # Only fake-a's pool is configured.
     path.write_text(
         text.replace(

@@ -80,7 +80,7 @@ def page_url(
     tmp = tmp_path_factory.mktemp("status-page-origins")
     ports = Ports(engines=[free_port()])
     path = write_config(tmp, ports)
-    path.write_text(_allowing(path.read_text(), named.url))
+    _allowing(path, named.url)
     service = Service("scheduler", ["scheduler", "--config", str(path)], tmp / "scheduler.log")
     service.start(env={"LUFTPAUSE_TOKEN": TOKEN})
     with running(service):
