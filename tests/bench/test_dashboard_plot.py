@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_promql import scrapes
+
 from luftpause.bench import promql
 from luftpause.bench.dashboard_plot import (
     Target,
@@ -18,16 +20,6 @@ from luftpause.bench.dashboard_plot import (
     series_of,
     write_record,
 )
-
-
-def scrapes(*points: tuple[float, list[tuple[str, dict[str, str], float]]]) -> list[promql.Scrape]:
-    out = []
-    for t, samples in points:
-        s = promql.Scrape(t)
-        for name, labels, value in samples:
-            s.add(name, labels, value)
-        out.append(s)
-    return out
 
 
 def test_every_dashboard_query_is_in_the_subset_and_draws_on_a_synthetic_scrape(tmp_path: Path) -> None:
