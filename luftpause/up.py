@@ -60,6 +60,16 @@ def _is_object(line: str) -> bool:
         return False
 
 
+def write_line(out: TextIO, lock: threading.Lock, line: str) -> None:
+    """Writes `line` and its newline in one write, under the lock every writer to `out` takes.
+    `print` writes the text and its end apart: where Python's output is unbuffered
+    (`PYTHONUNBUFFERED`), another thread's line (`up`'s own log on stderr, the same file) could
+    land between them and two json objects would share a line."""
+    with lock:
+        out.write(line + "\n")
+        out.flush()
+
+
 @dataclass
 class Child:
     """One supervised service: how to start it, the ports it listens on, how to tell it is healthy."""
@@ -107,8 +117,7 @@ class Child:
             shown = f"{self.name:<10}| {line}"
             if as_json:
                 shown = line if line.startswith("{") and _is_object(line) else logs.json_line(self.name, line)
-            with out_lock:
-                print(shown, file=out, flush=True)
+            write_line(out, out_lock, shown)
 
     @property
     def pid(self) -> int | None:
@@ -347,8 +356,7 @@ class Supervisor:
     def show(self, text: str) -> None:
         if os.environ.get(logs.FORMAT_ENV) == "json":
             text = logs.json_line("luftpause-up", text.removeprefix("[luftpause up] "))
-        with self._out_lock:
-            print(text, file=self.out, flush=True)
+        write_line(self.out, self._out_lock, text)
 
     def _start(self, c: Child) -> None:
         c.start(self.out, self._out_lock, self.log_level)

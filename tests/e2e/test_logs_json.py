@@ -4,15 +4,19 @@ ids and the trace and span ids its span has at the OTLP receiver (tests/otlp_rec
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from otlp_receiver import OtlpReceiver
 from support import Ports, start_up, stop_up, until, write_config
+
+from luftpause import logs, up
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -87,3 +91,31 @@ def test_an_unknown_log_format_is_refused_naming_it():
     )
     assert got.returncode == 2
     assert "log format 'yaml' is not one of text, json (--log-format, LUFTPAUSE_LOG_FORMAT)" in got.stderr
+
+
+class Writes(io.StringIO):
+    """An output that keeps each write apart, as the file it stands for would receive them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return super().write(s)
+
+
+def test_up_writes_each_line_whole_so_no_other_line_can_land_inside_it(monkeypatch):
+    # With PYTHONUNBUFFERED (as CI sets it) each write is a write(2) of its own; `up`'s own log
+    # goes to stderr, the same file, from another thread. A line written as text and then its
+    # newline once let an `up` log line in between: two objects on one line.
+    monkeypatch.setenv(logs.FORMAT_ENV, "json")
+    out = Writes()
+    supervisor = up.Supervisor([], out=out)
+    supervisor.say("started fake-a (pid 1)")
+    child = up.Child("fake-mcp", [], "http://127.0.0.1:1/health")
+    stream = io.BytesIO(b'{"service": "luftpause-fake-mcp", "message": "ok"}\na traceback line\n')
+    child._relay(SimpleNamespace(stdout=stream), out, supervisor._out_lock)  # type: ignore[arg-type]
+    assert len(out.writes) == 3
+    assert all(w.endswith("\n") and w.count("\n") == 1 for w in out.writes), out.writes
+    assert [r["service"] for r in lines(out.getvalue())] == ["luftpause-up", "luftpause-fake-mcp", "fake-mcp"]
