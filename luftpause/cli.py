@@ -154,7 +154,7 @@ def _loadgen(args: argparse.Namespace) -> None:
 
 
 # Benchmarks whose module is not `luftpause.bench.<name>`.
-BENCH_MODULES = {"fidelity": "sim.fidelity"}
+BENCH_MODULES = {"fidelity": "sim.fidelity", "frontier": "sim.frontier"}
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -305,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fanout",
             "proxy_overhead",
             "sim",
+            "frontier",
             "fidelity",
             "scheduler_core",
             "admit_latency",

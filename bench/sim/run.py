@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from luftpause.bench.sim.agents import Agent
-from luftpause.bench.sim.arms import ARMS
+from luftpause.bench.sim.arms import ARMS, Arm
 from luftpause.bench.sim.clock import VirtualClock
 from luftpause.bench.sim.replica import SimReplica
 from luftpause.bench.sim.scenarios import Scenario
@@ -72,19 +72,28 @@ class ArmResult:
         return asdict(self)
 
 
-def simulate(scenario: Scenario, arm_name: str, seed: int, params: EngineParams | None = None) -> ArmResult:
+def simulate(
+    scenario: Scenario,
+    arm_name: str,
+    seed: int,
+    params: EngineParams | None = None,
+    arm: type[Arm] | None = None,
+) -> ArmResult:
+    """`scenario` under the arm `arm_name` (or the class `arm`, for one not in `ARMS`: a setting of
+    one that is) with workload `seed`, on engines of `params` (default: the scenario's)."""
     # The description's test bed ran SGLang with --enable-priority-scheduling in every row. Arms
     # that send no priority leave every request at the same value, so their order stays first
     # come, first served; only an arm that marks its turns sees the engine reorder them.
     engines = params or scenario.engine
     if scenario.priority_queue:
         engines = replace(engines, priority_scheduling=True)
-    params = ARMS[arm_name].engines(engines)
+    kind = arm if arm is not None else ARMS[arm_name]
+    params = kind.engines(engines)
     wall = time.perf_counter()
     clock = VirtualClock()
     replicas = [SimReplica(f"fake-{chr(ord('a') + i)}", params, clock) for i in range(scenario.replicas)]
-    arm = ARMS[arm_name](replicas, clock)
-    agents = [Agent(spec, arm, clock, params.reply_tokens) for spec in scenario.agents(seed)]
+    front = kind(replicas, clock)
+    agents = [Agent(spec, front, clock, params.reply_tokens) for spec in scenario.agents(seed)]
     window_start = scenario.warmup_s
     window_end = scenario.warmup_s + scenario.window_s
     max_waiting = 0
