@@ -567,6 +567,7 @@ class Proxy:
                 observation.prompt_tokens,
                 observation.completion_tokens,
                 observation.tool_call_ids,
+                observation.tool_names,
             )
         except Exception as error:
             if self._now_and_then.due(("report", turn.replica)):

@@ -34,7 +34,7 @@ import contextlib
 import enum
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 import grpc.aio
@@ -277,12 +277,14 @@ class SchedulerClient:
         prompt_tokens: int,
         completion_tokens: int,
         tool_call_ids: list[str],
+        tool_names: Sequence[str] = (),
     ) -> None:
         completed = pb.TurnCompleted(
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             tool_call_ids=tool_call_ids,
+            tool_names=tool_names,
         )
         # A reply that pauses its run: the run's next turn may reach another dataplane first.
         urgency = Urgency.NOW if pauses_run(finish_reason, tool_call_ids) else Urgency.WHILE_HELD

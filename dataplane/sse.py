@@ -92,6 +92,8 @@ class ReplyObservation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     tool_call_ids: list[str] = field(default_factory=list)
+    # The names of the tools it called, as the calls named them (`counts.tool_names` bounds them).
+    tool_names: list[str] = field(default_factory=list)
     # An error the engine reported inside a 200 reply (some engines do, mid-stream).
     error: str = ""
     # The stream's closing `data: [DONE]` arrived.
@@ -118,10 +120,13 @@ class ReplyObservation:
             tool_calls = body.get("tool_calls")
             if isinstance(tool_calls, list):
                 for call in tool_calls:
-                    # In a stream only a call's first fragment carries its id.
+                    # In a stream only a call's first fragment carries its id and its name.
                     call_id = call.get("id") if isinstance(call, dict) else None
                     if isinstance(call_id, str) and call_id and call_id not in self.tool_call_ids:
                         self.tool_call_ids.append(call_id)
+                        function = call.get("function")
+                        name = function.get("name") if isinstance(function, dict) else None
+                        self.tool_names = list(counts.tool_names((*self.tool_names, name)))
         reason = choice.get("finish_reason")
         # With several choices, one ending in tool calls is what decides whether the run pauses.
         if isinstance(reason, str) and reason and self.finish_reason != "tool_calls":

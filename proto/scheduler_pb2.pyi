@@ -91,16 +91,18 @@ class FirstToken(_message.Message):
     def __init__(self) -> None: ...
 
 class TurnCompleted(_message.Message):
-    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "tool_call_ids")
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "tool_call_ids", "tool_names")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., tool_call_ids: _Optional[_Iterable[str]] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
     __slots__ = ("error", "replica_fault")

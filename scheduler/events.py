@@ -151,6 +151,9 @@ class TurnCompleted:
     completion_tokens: int
     tool_call_ids: tuple[str, ...]
     at: float
+    # The names of the tools the reply called, where the reply named them ("" for one that did
+    # not): what the run is paused on, whose pauses set how long it keeps its place (gate.py).
+    tool_names: tuple[str, ...] = ()
 
     @property
     def paused_on_tool(self) -> bool:

@@ -38,12 +38,17 @@ Each completed turn's usage replaces the estimate. What the estimate misses betw
 (the tool's answer appended to the prompt) and the prefix that runs share (the system prompt and
 tool definitions are cached once, but counted per run) is what `KV_HEADROOM` is for.
 
-Keep time. A paused run keeps its place for a bounded high percentile of its caller's recent
-pauses on tools (`HOLD_PERCENTILE` of the last `HOLD_SAMPLES`, times `HOLD_SLACK`, and at least
-`HOLD_MIN_S`), so that a tool a little slower than usual still finds its prefix. When that comes to more than
-`HOLD_MAX_S`, the caller's tools are long enough that holding the room idle costs more than
+Keep time. A paused run keeps its place for a bounded high percentile of its recent pauses on
+the same tool (`HOLD_PERCENTILE` of the last `HOLD_SAMPLES`, times `HOLD_SLACK`, and at least
+`HOLD_MIN_S`), so that a tool a little slower than usual still finds its prefix. When that comes
+to more than `HOLD_MAX_S`, the tool is long enough that holding the room idle costs more than
 re-reading the prefix would, so the run lets go at once: the room goes to runs that will use it.
-A caller with no pause seen yet keeps `HOLD_MAX_S`.
+The pauses are the caller's, by tool (`tool_key`: the names of the tools its reply called) once
+the caller has paused on that tool `MIN_TOOL_SAMPLES` times, else all of the caller's pauses
+together: an agent that reads a file in a second and runs a test suite for a minute keeps its
+place through the read and lets go for the tests, where one percentile over both would let go
+for either. A caller keeps the pauses of its `TOOLS_PER_CALLER` tools learnt from last. A caller
+with no pause seen yet keeps `HOLD_MAX_S`.
 
 Everything here is pure arithmetic on numbers the core keeps; the core (`core/`) owns when it
 is asked, and the status page reads the same functions.
@@ -52,7 +57,7 @@ is asked, and the status page reads the same functions.
 from __future__ import annotations
 
 from luftpause import defaults
-from luftpause.scheduler.state import Replica
+from luftpause.scheduler.state import Replica, ToolPauses
 
 # Share of a replica's KV pool that held working sets may not take: the estimate's error (a
 # tool's answer not yet in the reported prompt), the prefix that runs share but each counts,
@@ -67,7 +72,7 @@ TOKENS_PER_BYTE_LEARNING_RATE = 0.1
 # a common engine one; an engine reserves what it may write).
 REPLY_RESERVE_DEFAULT = 4096
 
-# Pauses on tools remembered per caller, and the keep time drawn from them.
+# Pauses on tools remembered per caller (and per tool of it), and the keep time drawn from them.
 HOLD_SAMPLES = 32
 HOLD_PERCENTILE = 0.9
 HOLD_SLACK = 1.25
@@ -75,6 +80,12 @@ HOLD_SLACK = 1.25
 # through 2.5 s tools still served more runs than letting them go (91.6-92.7 runs/min against
 # 89.4), through 3 s tools fewer (87.9 against 89.7-90.6): `luftpause bench sim flood --tool-s 3`.
 HOLD_MAX_S = 3.5
+# Pauses on one tool a caller must have shown before they, not all of the caller's, set the
+# keep time of a run paused on that tool; and how many tools' pauses a caller keeps.
+MIN_TOOL_SAMPLES = 3
+TOOLS_PER_CALLER = 16
+# The longest tool key kept (a reply's tool names, joined): longer ones are cut.
+TOOL_KEY_CHARS = 128
 # The shortest keep time: a caller whose tools answer at once still has its own work between a
 # reply and the next turn (parsing, journaling, a model's tool-call loop), which jitters by more
 # than the pauses it has shown; a place kept for 1.25 times a few milliseconds would be let go
@@ -185,8 +196,33 @@ def learn_pause(pauses: tuple[float, ...], pause_s: float) -> tuple[float, ...]:
     return (*pauses[-(HOLD_SAMPLES - 1) :], max(pause_s, 0.0))
 
 
+def tool_key(tool_names: tuple[str, ...]) -> str:
+    """What a run paused on the tools of one reply is paused on: their names, each once, sorted
+    and joined by "+" ("" for none: no tool is known)."""
+    return "+".join(sorted(set(name for name in tool_names if name)))[:TOOL_KEY_CHARS]
+
+
+def learn_tool_pause(tools: ToolPauses, tool: str, pause_s: float) -> ToolPauses:
+    """A caller's pauses by tool after one more of `pause_s` on `tool` ("" learns nothing)."""
+    if not tool:
+        return tools
+    before = next((samples for name, samples in tools if name == tool), ())
+    others = tuple((name, samples) for name, samples in tools if name != tool)
+    return (*others[-(TOOLS_PER_CALLER - 1) :], (tool, learn_pause(before, pause_s)))
+
+
+def pauses_on(caller_pauses: tuple[float, ...], tools: ToolPauses, tool: str) -> tuple[float, ...]:
+    """The pauses a run of the caller paused on `tool` keeps its place by: the tool's, once there
+    are `MIN_TOOL_SAMPLES` of them, else all of the caller's."""
+    if tool:
+        for name, samples in tools:
+            if name == tool and len(samples) >= MIN_TOOL_SAMPLES:
+                return samples
+    return caller_pauses
+
+
 def hold_for(pauses: tuple[float, ...]) -> float:
-    """How long a paused run of a caller with these recent pauses keeps its place: 0 lets go at once."""
+    """How long a paused run with these recent pauses (`pauses_on`) keeps its place: 0 lets go at once."""
     if not pauses:
         return HOLD_MAX_S
     ordered = sorted(pauses)

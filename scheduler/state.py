@@ -128,6 +128,9 @@ class Run(NamedTuple):
     # On a slot engine the gate holds it on (gate.names_slots), the slot its replica keeps its KV
     # in, named in each of its turns' requests (llama.cpp's `id_slot`); None elsewhere.
     slot: int | None = None
+    # For a run paused on tools: what it is paused on (`gate.tool_key`: the names of the tools its
+    # last reply called), whose pauses set its keep time; "" otherwise, or where none was named.
+    tool: str = ""
 
     # The run's transitions, as new records. Each is written out field by field here, once:
     # `_replace` would say the same in a third of the lines at twice the cost a decision, and
@@ -140,7 +143,7 @@ class Run(NamedTuple):
         It is back, so its place no longer runs out."""
         return Run(
             self.run_id, service_class, caller, self.phase, self.replica, at, self.kept_until, dataplane,
-            working_set, None, self.slot,
+            working_set, None, self.slot, self.tool,
         )  # fmt: skip
 
     def placed_on(self, replica: str, at: float, slot: int | None = None) -> Run:
@@ -148,15 +151,21 @@ class Run(NamedTuple):
         kept for it."""
         return Run(
             self.run_id, self.service_class, self.caller, Phase.GENERATING, replica, at, None, self.dataplane,
-            self.working_set, None, slot,
+            self.working_set, None, slot, "",
         )  # fmt: skip
 
     def turn_ended(
-        self, phase: Phase, last_activity: float, kept_until: float | None, hold_until: float | None
+        self,
+        phase: Phase,
+        last_activity: float,
+        kept_until: float | None,
+        hold_until: float | None,
+        tool: str,
     ) -> Run:
+        """A turn of it ended, leaving it in `phase` (paused on `tool` where that is PAUSED)."""
         return Run(
             self.run_id, self.service_class, self.caller, phase, self.replica, last_activity, kept_until,
-            self.dataplane, self.working_set, hold_until, self.slot,
+            self.dataplane, self.working_set, hold_until, self.slot, tool,
         )  # fmt: skip
 
     def let_go(self) -> Run:
@@ -164,14 +173,14 @@ class Run(NamedTuple):
         new run's would be."""
         return Run(
             self.run_id, self.service_class, self.caller, self.phase, None, self.last_activity, None,
-            self.dataplane, self.working_set, None, None,
+            self.dataplane, self.working_set, None, None, self.tool,
         )  # fmt: skip
 
     def sized(self, working_set: int) -> Run:
         """Its working set as its latest usage (or estimate) says."""
         return Run(
             self.run_id, self.service_class, self.caller, self.phase, self.replica, self.last_activity,
-            self.kept_until, self.dataplane, working_set, self.hold_until, self.slot,
+            self.kept_until, self.dataplane, working_set, self.hold_until, self.slot, self.tool,
         )  # fmt: skip
 
 
@@ -291,12 +300,16 @@ RunKey = tuple[float, str]  # (a time, run id): runs by when something is due
 
 _NO_MAP: Map[Any, Any] = Map()
 
+ToolPauses = tuple[tuple[str, tuple[float, ...]], ...]
+"""A caller's recent pauses by tool (gate.py): (tool key, its pauses newest last), the tool learnt
+from last at the end, at most `gate.TOOLS_PER_CALLER` of them."""
+
 
 class State(NamedTuple):
     """The scheduler's whole state. Build it with `State()` and feed it `PoolConfigured` first.
 
     The first six fields and the two of reservations are the facts, and the learnt estimates
-    (`pause_estimate`, `pause_samples`, `tokens_per_byte`); the rest are indexes over them that `decide` keeps
+    (`pause_estimate`, `pause_samples`, `tool_pauses`, `tokens_per_byte`); the rest are indexes over them that `decide` keeps
     current so that no decision scans every turn or run. They are derived data: two states with
     equal facts reached by the same events have equal indexes too.
     """
@@ -367,6 +380,8 @@ class State(NamedTuple):
     attained: Map[str, float] = _NO_MAP
     # Per slot engine, the slots of the runs it holds (Run.slot): a new run takes a free one.
     held_slots: Map[str, frozenset[int]] = _NO_MAP
+    # Per caller, its recent pauses on each of its tools (gate.ToolPauses), beside `pause_samples`.
+    tool_pauses: Map[str, ToolPauses] = _NO_MAP
 
     def held(self) -> list[Turn]:
         return [t for t in self.turns.values() if t.status is TurnStatus.HELD]

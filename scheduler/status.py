@@ -196,6 +196,17 @@ def _gate_document(state: State) -> dict[str, Any]:
             caller: round(gate.hold_for(samples), 3)
             for caller, samples in sorted(state.pause_samples.items())
         },
+        # Per caller, per tool it has paused on at least min_tool_samples times: how long a run
+        # paused on that tool keeps its place; other tools keep the caller's keep_s.
+        "min_tool_samples": gate.MIN_TOOL_SAMPLES,
+        "keep_s_by_tool": {
+            caller: {
+                tool: round(gate.hold_for(samples), 3)
+                for tool, samples in sorted(tools)
+                if len(samples) >= gate.MIN_TOOL_SAMPLES
+            }
+            for caller, tools in sorted(state.tool_pauses.items())
+        },
     }
 
 
@@ -320,6 +331,8 @@ def run_document(state: State, run_id: str, now: float) -> dict[str, Any] | None
         "working_set": run.working_set,
         "held": is_held(run),
         "keep_s": keep_s(run, now),
+        # While paused on tools: their names (gate.tool_key), "" where the reply named none.
+        "paused_on": run.tool if run.phase is Phase.PAUSED else None,
         # On a slot engine the gate holds it on, the slot its KV stays in (its requests name it).
         "slot": run.slot if is_held(run) else None,
     }

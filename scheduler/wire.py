@@ -59,6 +59,7 @@ def turn_event(message: pb.TurnEvent, at: float) -> ev.Event | None:
                 counts.token_count(c.completion_tokens) or 0,
                 tuple(c.tool_call_ids),
                 at,
+                counts.tool_names(c.tool_names),
             )
         case "failed":
             failed = message.failed

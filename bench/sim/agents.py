@@ -29,6 +29,10 @@ from luftpause.loadgen.agents import planned_step
 from luftpause.loadgen.conversation import MAX_TOKENS, TOOLS, first_messages, tool_result_message
 from luftpause.scheduler.state import ServiceClass
 
+SLOW_TOOL = "deep_search"
+"""The tool of the load generator's two (`loadgen.conversation.TOOLS`) that a scenario may make slow
+(`AgentSpec.slow_tool_s`): it searches several sources in depth; `lookup` answers a short fact."""
+
 
 @dataclass(frozen=True)
 class Overheads:
@@ -59,6 +63,16 @@ class AgentSpec:
     """The max_tokens each turn sends."""
     plans_tool_calls: bool = False
     """Whether the agent plans its runs' tool calls itself (1 to `max_tool_calls` a run)."""
+    slow_tool_s: float | None = None
+    """How long a call of the slow tool (`SLOW_TOOL`) takes, where it differs from the others'
+    `tool_latency_s`; None: every tool takes `tool_latency_s`."""
+
+    def tool_s(self, name: str) -> float:
+        """How long a call of the tool `name` takes, the harness's own overheads included."""
+        latency = (
+            self.slow_tool_s if name == SLOW_TOOL and self.slow_tool_s is not None else self.tool_latency_s
+        )
+        return latency + self.overheads.tool_s + self.overheads.turn_s
 
 
 @dataclass
@@ -167,7 +181,7 @@ class Agent:
                 message, call = planned_step(text, self._run_id, self._tool_calls, self._rng)
                 self._tool_calls += 1
                 self._messages.append(message)
-                wait = self.spec.tool_latency_s + self.spec.overheads.tool_s + self.spec.overheads.turn_s
+                wait = self.spec.tool_s(str(call["function"]["name"]))
                 result = tool_result_message(call)
                 self.clock.after(wait, lambda: self._tool_returned(result))
                 return
@@ -175,7 +189,7 @@ class Agent:
             self._tool_calls += 1
             self._messages.append(message)
             result = tool_result_message(message["tool_calls"][0])
-            wait = self.spec.tool_latency_s + self.spec.overheads.tool_s + self.spec.overheads.turn_s
+            wait = self.spec.tool_s(turn.reply.tool_call.name)
             self.clock.after(wait, lambda: self._tool_returned(result))
             return
         self.records.append(

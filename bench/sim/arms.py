@@ -31,6 +31,10 @@
 - `luftpause-gated`: on engines with a host tier, replicas declared without one, so the run gate
   holds runs as it does where the pool is all there is (on slot engines, one run a slot): the
   gate's other setting, as the real flood's arm of that name.
+- `luftpause-keep-by-caller`: completions that name no tool, so a paused run keeps its place for
+  what all of its caller's pauses say rather than its tool's (`gate.pauses_on`): the gate's keep
+  time as it was before tools were told apart. It differs only where tools differ
+  (`--slow-tool-s`).
 - `luftpause-no-engine-priority`: the same on engines that are not told priorities (llama.cpp,
   or an SGLang replica not declared `engine_priority`): luftpause's own queue is all the
   reordering there is.
@@ -228,6 +232,9 @@ class Luftpause(Arm):
     gate_min_runs: int | None = None
     # Whether its replicas declare the host tier their engines keep (False: declared none).
     declares_host_cache = True
+    # Whether each completion names the tools its reply called, as the dataplane reports them
+    # (False: none named, so a paused run keeps its place by all of its caller's pauses).
+    reports_tool_names = True
 
     def __init__(self, replicas: Sequence[SimReplica], clock: VirtualClock) -> None:
         super().__init__(replicas, clock)
@@ -337,6 +344,7 @@ class Luftpause(Arm):
                 completion_tokens=turn.reply.completion_tokens,
                 tool_call_ids=(call.id,) if call is not None else (),
                 at=self.clock.now,
+                tool_names=(call.name,) if call is not None and self.reports_tool_names else (),
             )
         )
 
@@ -354,6 +362,11 @@ class LuftpauseGateAlways(Luftpause):
 class LuftpauseGated(Luftpause):
     name = "luftpause-gated"
     declares_host_cache = False
+
+
+class LuftpauseKeepByCaller(Luftpause):
+    name = "luftpause-keep-by-caller"
+    reports_tool_names = False
 
 
 class LuftpauseFreeMoving(Luftpause):
@@ -390,6 +403,7 @@ ARMS: dict[str, type[Arm]] = {
         LuftpauseNoRunGate,
         LuftpauseGateAlways,
         LuftpauseGated,
+        LuftpauseKeepByCaller,
         LuftpauseFreeMoving,
         LuftpauseNoEnginePriority,
         LuftpauseNoLoadMetrics,

@@ -103,6 +103,7 @@ KNOBS = (
     Knob("--kv-pool-tokens", "kv_pool_tokens", True, _at_least(1, int, "the KV pool"), "tokens of KV memory per replica"),
     Knob("--slots", "slots", True, _at_least(0, int, "slots"), "running requests per replica at most (0: as many as fit)"),
     Knob("--tool-s", "tool_latency_s", False, _at_least(0, float, "a tool call's latency"), "seconds each tool call takes"),
+    Knob("--slow-tool-s", "slow_tool_s", False, _at_least(0, float, "the slow tool's latency"), "seconds each call of the slow tool (deep_search) takes, the other tool's staying --tool-s"),
     Knob("--tool-calls", "max_tool_calls", False, _at_least(1, int, "the most tool calls"), "most tool calls a run makes (each makes 1 to N)"),
     Knob("--context-chars", "context_chars", False, _at_least(1, int, "a context"), "characters of each run's task context"),
     Knob("--batch", "batch_agents", False, _at_least(0, int, "batch agents"), "batch agents"),
@@ -441,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             knob.flag,
             type=knob.parse,
             dest=knob.field,
-            metavar="S" if knob.flag == "--tool-s" else "N",
+            metavar="S" if knob.flag in ("--tool-s", "--slow-tool-s") else "N",
             help=f"{knob.help} (default: the {'calibrated engine' if knob.engine else 'scenario'}'s)",
         )
     args = parser.parse_args(list(argv) if argv is not None else None)

@@ -74,6 +74,9 @@ class Scenario:
     """Whether each agent draws its run's tool calls itself (1 to `max_tool_calls`) and adds them
     to the model's text replies, as `loadgen.agents` does in front of a real model whose replies
     are random text (`LoadSpec.tool_calls`); else the fake engine's replies make the calls."""
+    slow_tool_s: float | None = None
+    """How long a call of the slow tool (`agents.SLOW_TOOL`) takes where it differs from
+    `tool_latency_s`, the other tool's; None: both take `tool_latency_s`."""
     arms: tuple[str, ...] = ()
     """The arms `bench sim` runs when none are named; empty: all of them."""
 
@@ -99,6 +102,7 @@ class Scenario:
                         max_tool_calls=self.max_tool_calls,
                         max_tokens=self.max_tokens,
                         plans_tool_calls=self.agents_plan_tool_calls,
+                        slow_tool_s=self.slow_tool_s,
                     )
                 )
         return specs

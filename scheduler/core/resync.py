@@ -56,7 +56,7 @@ def _runs_after(tx: _Tx, e: Resynced) -> dict[str, Run]:
             # Its size is not in the view (0 until its next usage report); a paused one keeps
             # its place for its caller's keep time, as if it had just paused.
             runs[r.run_id] = (
-                run._replace(hold_until=_hold_until(tx, run, e.at)) if r.phase is _PAUSED else run
+                run._replace(hold_until=_hold_until(tx, run, e.at, "")) if r.phase is _PAUSED else run
             )
     return runs
 

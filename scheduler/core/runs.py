@@ -64,6 +64,9 @@ def _run_came_back(tx: _Tx, e: TurnArrived) -> None:
             tx.pause_samples = tx.pause_samples.set(
                 e.caller, gate.learn_pause(tx.pause_samples.get(e.caller, ()), pause)
             )
+            if run.tool:
+                tools = tx.tool_pauses.get(e.caller, ())
+                tx.tool_pauses = tx.tool_pauses.set(e.caller, gate.learn_tool_pause(tools, run.tool, pause))
         run = run.came_back(e.service_class, e.caller, e.at, e.dataplane, max(run.working_set, estimate))
     _set_run(tx, e.run_id, run)
 
@@ -183,9 +186,10 @@ def _end_turn(
     touch: bool = True,
     freed_engine_room: bool = False,
     working_set: int | None = None,
+    tool: str = "",
 ) -> Turn | None:
     """Removes a turn (held or placed) and moves its run to the phase `lifecycle.phase_after_turn`
-    gives (`paused_on_tool`: it completed in tool calls).
+    gives (`paused_on_tool`: it completed in tool calls, on `tool`: `gate.tool_key`).
 
     `freed_engine_room`: the turn ran to its end in the engine, so the engine has room for the
     next of ours in its queue (see `_confirm_next`).
@@ -215,8 +219,9 @@ def _end_turn(
         phase = lifecycle.phase_after_turn(paused_on_tool, others_running=turn.run_id in tx.run_placed)
         paused = phase is _PAUSED
         kept_until = at + admission.keep_paused_for(tx.pause_estimate.get(run.caller)) if paused else None
-        hold_until = _hold_until(tx, run, at) if paused else None
-        ended = run.turn_ended(phase, at if touch else run.last_activity, kept_until, hold_until)
+        tool = tool if paused else ""
+        hold_until = _hold_until(tx, run, at, tool) if paused else None
+        ended = run.turn_ended(phase, at if touch else run.last_activity, kept_until, hold_until, tool)
         # A caller whose tools take longer than a place is kept for lets go at once.
         _set_run(tx, run.run_id, ended.let_go() if hold_until is not None and hold_until <= at else ended)
     # Uncounted after the run is updated, so a run going quiet enters the quiet index once.
@@ -224,13 +229,14 @@ def _end_turn(
     return turn
 
 
-def _hold_until(tx: _Tx, run: Run, at: float) -> float | None:
-    """Until when `run`, paused at `at`, keeps its place on its replica; None where the gate is off
-    there for a run of its size (`gate.gated`): it keeps its place, as without the gate."""
+def _hold_until(tx: _Tx, run: Run, at: float, tool: str) -> float | None:
+    """Until when `run`, paused on `tool` at `at`, keeps its place on its replica; None where the
+    gate is off there for a run of its size (`gate.gated`): it keeps its place, as without the gate."""
     known = tx.replicas.get(run.replica) if run.replica is not None else None
     if known is None or not gate.gated(known, run.working_set):
         return None
-    return at + gate.hold_for(tx.pause_samples.get(run.caller, ()))
+    pauses = gate.pauses_on(tx.pause_samples.get(run.caller, ()), tx.tool_pauses.get(run.caller, ()), tool)
+    return at + gate.hold_for(pauses)
 
 
 def _count_placed(tx: _Tx, turn: Turn, delta: int, charge: int = 0) -> None:

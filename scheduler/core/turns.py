@@ -110,7 +110,15 @@ def _turn_completed(tx: _Tx, e: TurnCompleted, actions: list[Action]) -> None:
         if learnt != known and learnt is not None:
             tx.tokens_per_byte = tx.tokens_per_byte.set(turn.model, learnt)
         size = gate.measured_working_set(e.prompt_tokens, e.completion_tokens, turn.max_tokens)
-    _end_turn(tx, e.turn_id, e.at, e.paused_on_tool, freed_engine_room=True, working_set=size)
+    _end_turn(
+        tx,
+        e.turn_id,
+        e.at,
+        e.paused_on_tool,
+        freed_engine_room=True,
+        working_set=size,
+        tool=gate.tool_key(e.tool_names),
+    )
 
 
 def _turn_failed(tx: _Tx, e: TurnFailed | TurnAbandoned, actions: list[Action]) -> None:

@@ -29,6 +29,7 @@ from luftpause.scheduler.state import (
     SentKey,
     ServiceClass,
     State,
+    ToolPauses,
     Turn,
     TurnKey,
     TurnStatus,
@@ -90,6 +91,7 @@ class _Tx:
     tokens_per_byte: Map[str, float]
     attained: Map[str, float]
     held_slots: Map[str, frozenset[int]]
+    tool_pauses: Map[str, ToolPauses]
 
     __slots__ = (*State._fields, "may_place", "entered")
     # Set by whatever may let a held turn be placed; see `decide`.
@@ -150,6 +152,7 @@ def _open_tx(s: State) -> _Tx:
         tx.tokens_per_byte,
         tx.attained,
         tx.held_slots,
+        tx.tool_pauses,
     ) = s
     return tx
 

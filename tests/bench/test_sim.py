@@ -285,6 +285,7 @@ def test_knobs_change_the_named_scenario_and_go_into_the_title_and_the_record(
         (["--tool-calls", "0"], "the most tool calls must be at least 1"),
         (["--tool-s", "-2"], "a tool call's latency must be at least 0"),
         (["--tool-s", "inf"], "must be a finite number"),
+        (["--slow-tool-s", "-1"], "the slow tool's latency must be at least 0"),
         (["--context-chars", "many"], "a context must be a whole number"),
         (["--batch", "0", "--interactive", "0"], "no agents"),
     ],
@@ -295,6 +296,36 @@ def test_bad_knobs_are_refused_with_what_was_wrong(
     with pytest.raises(SystemExit):
         main(["flood", "--no-record", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_the_slow_tool_takes_its_own_time_and_the_other_tool_the_scenarios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from luftpause.bench.sim import agents
+
+    waits: list[tuple[str, float]] = []
+    real = agents.AgentSpec.tool_s
+
+    def recording(self: agents.AgentSpec, name: str) -> float:
+        waits.append((name, real(self, name)))
+        return waits[-1][1]
+
+    monkeypatch.setattr(agents.AgentSpec, "tool_s", recording)
+    simulate(replace(QUIET, slow_tool_s=7.0), "luftpause", seed=1)
+    assert {name for name, _ in waits} == {"lookup", agents.SLOW_TOOL}, "both tools are called"
+    assert {wait for name, wait in waits if name == agents.SLOW_TOOL} == {7.0}
+    assert {wait for name, wait in waits if name == "lookup"} == {QUIET.tool_latency_s}
+
+
+def test_with_a_slow_tool_beside_a_quick_one_runs_paused_on_the_quick_one_keep_their_prefix() -> None:
+    # Runs that call a 10 s search beside a 2 s lookup: by all of its caller's pauses a paused run
+    # lets go whatever it waits for; by its tool's, it keeps its place through a lookup.
+    mixed = replace(SCENARIOS["flood"], slow_tool_s=10.0, warmup_s=30, window_s=90)
+    by_tool = simulate(mixed, "luftpause", seed=1)
+    by_caller = simulate(mixed, "luftpause-keep-by-caller", seed=1)
+    assert by_tool.continuation_prefix_hit is not None and by_caller.continuation_prefix_hit is not None
+    assert by_caller.continuation_prefix_hit < 0.05 < 0.15 < by_tool.continuation_prefix_hit
+    assert by_tool.runs_moved < by_caller.runs_moved
 
 
 def test_the_most_tool_calls_bounds_every_runs_calls() -> None:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from luftpause import counts
 from luftpause.dataplane.sse import NotAnEventStream, StreamObserver, observe_completion, says_something
 
 
@@ -101,6 +102,22 @@ def test_a_tool_call_stream_gives_each_call_id_once():
     assert seen.tool_call_ids == ["call_a", "call_b"]
     assert seen.finish_reason == "tool_calls"
     assert seen.first_token
+    # Both calls name one tool: the run is paused on it, named once.
+    assert seen.tool_names == ["lookup"]
+
+
+def test_the_tools_a_reply_calls_are_named_each_once_and_bounded():
+    calls = [
+        {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for n, name in enumerate(["read_file", "x" * 500, "read_file", 7, ""] + [f"t{k}" for k in range(30)])
+    ]
+    reply = {
+        "choices": [{"message": {"role": "assistant", "tool_calls": calls}, "finish_reason": "tool_calls"}]
+    }
+    seen = observe_completion(json.dumps(reply).encode())
+    assert len(seen.tool_call_ids) == len(calls)
+    assert seen.tool_names[:2] == ["read_file", "x" * counts.TOOL_NAME_CHARS]
+    assert len(seen.tool_names) == counts.MAX_TOOL_NAMES and "" not in seen.tool_names
 
 
 @given(st.lists(st.integers(min_value=0, max_value=len(TOOL_STREAM)), max_size=12))

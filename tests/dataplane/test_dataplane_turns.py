@@ -189,6 +189,21 @@ async def test_an_unreachable_engine_is_a_502_naming_the_replica(stack: Stack):
     await until(lambda: stack.scheduler.kinds(turn_id) == ["started", "failed"])
 
 
+async def test_a_reply_in_tool_calls_reports_the_tools_it_called_by_name(stack: Stack):
+    stack.engine.behaviour = answers_json(completion(None, tool_call_ids=("call_1", "call_2")))
+    async with httpx.AsyncClient() as client:
+        r = await client.post(
+            f"{stack.url}/v1/chat/completions", json=BODY, headers={"x-luftpause-run-id": "r"}
+        )
+    assert r.status_code == 200
+    turn_id = stack.scheduler.admits[-1].turn_id
+    await until(lambda: "completed" in stack.scheduler.kinds(turn_id))
+    done = next(
+        e.completed for e in stack.scheduler.events if e.turn_id == turn_id and e.HasField("completed")
+    )
+    assert (list(done.tool_call_ids), list(done.tool_names)) == (["call_1", "call_2"], ["lookup"])
+
+
 async def test_a_turn_held_through_a_scheduler_restart_is_admitted_again_after_a_resync(stack: Stack):
     stack.engine.behaviour = answers_json(completion(tool_call_ids=("call_1",)))
     async with httpx.AsyncClient() as client:

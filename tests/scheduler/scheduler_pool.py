@@ -102,12 +102,20 @@ class Pool:
         return actions
 
     def complete(
-        self, turn_id: str, tool_calls: bool = False, prompt_tokens: int = 100, completion_tokens: int = 20
+        self,
+        turn_id: str,
+        tool_calls: bool = False,
+        prompt_tokens: int = 100,
+        completion_tokens: int = 20,
+        tools: tuple[str, ...] = (),
     ) -> tuple[Action, ...]:
+        """The turn completes; with `tool_calls`, in calls of the tools named `tools` (none named: ())."""
         turn = self.state.turns[turn_id]
         reason, ids = ("tool_calls", ("call_1",)) if tool_calls else ("stop", ())
         return self.feed(
-            TurnCompleted(turn_id, turn.run_id, reason, prompt_tokens, completion_tokens, ids, self.now)
+            TurnCompleted(
+                turn_id, turn.run_id, reason, prompt_tokens, completion_tokens, ids, self.now, tools
+            )
         )
 
     def fail(self, turn_id: str) -> tuple[Action, ...]:

@@ -35,10 +35,13 @@ def next_turn(pool: Pool, turn_id: str, run_id: str, cls: str = "batch", caller:
     )
 
 
-def done(pool: Pool, turn_id: str, tool_calls: bool = False):
+def done(pool: Pool, turn_id: str, tool_calls: bool = False, tools: tuple[str, ...] = ()):
     """The turn completes with the usage its estimate said (900 prompt tokens at 0.25 a byte, no
-    reply beyond the reservation), so its run's working set stays RUN_SIZE."""
-    return pool.complete(turn_id, tool_calls=tool_calls, prompt_tokens=RUN_BYTES // 4, completion_tokens=0)
+    reply beyond the reservation), so its run's working set stays RUN_SIZE; with `tool_calls`, in
+    calls of `tools` (by name; none named: ())."""
+    return pool.complete(
+        turn_id, tool_calls=tool_calls, prompt_tokens=RUN_BYTES // 4, completion_tokens=0, tools=tools
+    )
 
 
 def gated_pool(*names: str, kv_tokens: int | None = POOL_TOKENS) -> Pool:
@@ -123,6 +126,73 @@ def test_a_caller_whose_tools_take_longer_than_a_place_is_kept_lets_go_at_once()
     run = pool.state.runs["run-t0"]
     assert run.phase is Phase.PAUSED and run.replica is None
     assert pool.state.held_runs.get("a", 0) == 0
+
+
+def _pause_on(pool: Pool, run_id: str, turn_id: str, tools: tuple[str, ...], pause_s: float) -> str:
+    """`turn_id` of `run_id` completes in calls of `tools`, which take `pause_s`; the run's next
+    turn arrives then. Returns that turn's id."""
+    done(pool, turn_id, tool_calls=True, tools=tools)
+    pool.wait(pause_s)
+    back = f"{turn_id}+"
+    next_turn(pool, back, run_id)
+    return back
+
+
+def test_a_run_paused_on_a_quick_tool_keeps_its_place_though_its_caller_also_runs_slow_ones():
+    pool = gated_pool()
+    new_run(pool, "t0")
+    turn = "t0"
+    # The caller alternates a read of half a second with a test run of a minute.
+    for _ in range(gate.MIN_TOOL_SAMPLES):
+        turn = _pause_on(pool, "run-t0", turn, ("read_file",), 0.5)
+        turn = _pause_on(pool, "run-t0", turn, ("run_tests",), 60.0)
+    # All its pauses together would let go at once (their 90th percentile is a minute).
+    assert gate.hold_for(pool.state.pause_samples["flood"]) == 0.0
+    done(pool, turn, tool_calls=True, tools=("read_file",))
+    run = pool.state.runs["run-t0"]
+    assert run.tool == "read_file" and run.replica == "a"
+    assert run.hold_until == pytest.approx(pool.now + max(0.5 * gate.HOLD_SLACK, gate.HOLD_MIN_S))
+    # Paused on the tests, the same run lets go at once: the room goes to runs that will use it.
+    pool.wait(0.5)
+    next_turn(pool, "t-last", "run-t0")
+    done(pool, "t-last", tool_calls=True, tools=("run_tests",))
+    run = pool.state.runs["run-t0"]
+    assert run.phase is Phase.PAUSED and run.replica is None and run.tool == "run_tests"
+
+
+def test_a_tool_seen_fewer_times_than_asked_keeps_its_callers_time_and_an_unnamed_one_too():
+    pool = gated_pool()
+    new_run(pool, "t0")
+    turn = _pause_on(pool, "run-t0", "t0", ("search",), 2.0)
+    turn = _pause_on(pool, "run-t0", turn, ("search",), 2.0)
+    turn = _pause_on(pool, "run-t0", turn, (), 1.0)  # a reply that named no tool: the caller's only
+    assert dict(pool.state.tool_pauses["flood"]) == {"search": (2.0, 2.0)}
+    assert pool.state.pause_samples["flood"] == (2.0, 2.0, 1.0)
+    callers = gate.hold_for(pool.state.pause_samples["flood"])
+    for tools in (("search",), ()):  # twice on search is below MIN_TOOL_SAMPLES
+        done(pool, turn, tool_calls=True, tools=tools)
+        assert pool.state.runs["run-t0"].hold_until == pytest.approx(pool.now + callers)
+        pool.wait(0.1)
+        turn = f"{turn}+"
+        next_turn(pool, turn, "run-t0")
+
+
+def test_a_reply_calling_several_tools_is_paused_on_them_together():
+    assert gate.tool_key(("web_search", "read_file", "web_search", "")) == "read_file+web_search"
+    assert gate.tool_key(()) == ""
+    assert len(gate.tool_key(tuple(f"tool_{n:03d}_{'x' * 40}" for n in range(16)))) == gate.TOOL_KEY_CHARS
+
+
+def test_a_caller_keeps_the_pauses_of_its_latest_tools_only():
+    tools: tuple = ()
+    for n in range(gate.TOOLS_PER_CALLER + 4):
+        tools = gate.learn_tool_pause(tools, f"tool{n}", 1.0)
+    tools = gate.learn_tool_pause(tools, "tool5", 2.0)  # learnt again: it is the newest now
+    names = [name for name, _ in tools]
+    assert len(names) == gate.TOOLS_PER_CALLER
+    assert names[-1] == "tool5" and names[0] == "tool4" and "tool3" not in names
+    assert dict(tools)["tool5"] == (1.0, 2.0)
+    assert gate.learn_tool_pause(tools, "", 9.0) == tools
 
 
 def test_the_gate_is_off_where_the_pool_is_unknown_and_a_paused_run_keeps_its_replica():

@@ -160,14 +160,29 @@ class GateMachine(RuleBasedStateMachine):
         return sorted(t.turn_id for t in self.state.turns.values() if t.status is TurnStatus.PLACED)
 
     @precondition(lambda self: self._placed())
-    @rule(data=st.data(), tool=st.booleans(), error=st.floats(0.5, 1.5), reply=st.integers(0, 60))
-    def complete(self, data: st.DataObject, tool: bool, error: float, reply: int) -> None:
+    @rule(
+        data=st.data(),
+        tool=st.booleans(),
+        error=st.floats(0.5, 1.5),
+        reply=st.integers(0, 60),
+        names=st.sampled_from(((), ("read",), ("test",), ("read", "test"))),
+    )
+    def complete(
+        self, data: st.DataObject, tool: bool, error: float, reply: int, names: tuple[str, ...]
+    ) -> None:
         turn = self.state.turns[data.draw(st.sampled_from(self._placed()))]
         prompt = int(self.bytes[turn.run_id] * 0.25 * error)
         ids = ("call",) if tool else ()
         self.feed(
             TurnCompleted(
-                turn.turn_id, turn.run_id, "tool_calls" if tool else "stop", prompt, reply, ids, self.now
+                turn.turn_id,
+                turn.run_id,
+                "tool_calls" if tool else "stop",
+                prompt,
+                reply,
+                ids,
+                self.now,
+                names if tool else (),
             )
         )
         if tool:

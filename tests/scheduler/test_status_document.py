@@ -7,7 +7,14 @@ from scheduler_pool import Pool, spec
 
 from luftpause.scheduler import fairness
 from luftpause.scheduler.events import PoolConfigured
-from luftpause.scheduler.gate import HOLD_MAX_S, KV_HEADROOM, REPLY_RESERVE_DEFAULT, TOKENS_PER_BYTE
+from luftpause.scheduler.gate import (
+    HOLD_MAX_S,
+    HOLD_MIN_S,
+    KV_HEADROOM,
+    MIN_TOOL_SAMPLES,
+    REPLY_RESERVE_DEFAULT,
+    TOKENS_PER_BYTE,
+)
 from luftpause.scheduler.status import HeldHistory, build_app, run_document, status_document
 
 
@@ -215,6 +222,7 @@ def test_one_run():
         "working_set": REPLY_RESERVE_DEFAULT,
         "held": True,
         "keep_s": None,
+        "paused_on": None,  # generating
         "slot": None,  # a is no slot engine
     }
     assert run_document(pool.state, "nope", now=7.5) is None
@@ -365,12 +373,26 @@ def test_the_gate_section_shows_its_constants_what_each_model_taught_and_each_ca
         "tokens_per_byte_default": TOKENS_PER_BYTE,
         "tokens_per_byte": {"m": 1200 / 4000},
         "keep_s": {},
+        "min_tool_samples": MIN_TOOL_SAMPLES,
+        "keep_s_by_tool": {},
     }
     # r1 comes back after a pause of 1 s on its tool: alice's runs now keep their place a little
     # longer than that.
     pool.arrive("t4", run_id="r1", caller="alice")
     gate_doc = status_document(pool.state, pool.now)["gate"]
     assert list(gate_doc["keep_s"]) == ["alice"] and 1.0 < gate_doc["keep_s"]["alice"] < HOLD_MAX_S
+    assert gate_doc["keep_s_by_tool"] == {}, "r1's reply named no tool"
+    # Paused on a named tool as often as asked, that tool has a keep time of its own, and a run
+    # paused on it shows what it waits for.
+    turn = "t4"
+    for n in range(MIN_TOOL_SAMPLES):
+        pool.complete(turn, tool_calls=True, tools=("grep",))
+        pool.wait(0.2)
+        turn = f"t4-{n}"
+        pool.arrive(turn, run_id="r1", caller="alice")
+    pool.complete(turn, tool_calls=True, tools=("grep",))
+    assert status_document(pool.state, pool.now)["gate"]["keep_s_by_tool"] == {"alice": {"grep": HOLD_MIN_S}}
+    assert run_document(pool.state, "r1", now=pool.now)["paused_on"] == "grep"
 
 
 def test_each_callers_attained_service_is_shown_decayed_and_a_caller_still_waiting_has_none():
