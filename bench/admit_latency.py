@@ -33,7 +33,6 @@ import httpx
 from luftpause.bearer import token_from_env
 from luftpause.bench import results
 from luftpause.bench.common import free_port
-from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb
 
@@ -94,7 +93,7 @@ def _scheduler(tmp: Path):
 
 async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> list[float]:
     # The scheduler started here inherits LUFTPAUSE_TOKEN, and then asks for it.
-    client = SchedulerClient(target, RunBook(), token_from_env())
+    client = SchedulerClient(target, token_from_env())
     await client.start()
     try:
         deadline = time.monotonic() + 10

@@ -28,7 +28,6 @@ reports to the scheduler and the operator together (`report`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -68,7 +67,7 @@ from luftpause.dataplane.metrics import UNKNOWN_CLASS, DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.report import TurnReport
 from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
-from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
+from luftpause.dataplane.runs import PlacedTurn
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.dataplane.sse import NotAnEventStream, StreamObserver, observe_completion
 from luftpause.dataplane.turn import ProxiedTurn, request_object, requested_max_tokens
@@ -117,9 +116,8 @@ class Proxy:
 
     def __init__(self, config: lp_config.Config, token: str | None = None, name: str = "") -> None:
         self.config = config
-        self.runs = RunBook()
         # `name`: this dataplane's, where several share the scheduler (one worker of several).
-        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token, name)
+        self.scheduler = SchedulerClient(config.dataplane.scheduler, token, name)
         self.metrics = DataplaneMetrics(r.name for r in config.replicas)
         self.scheduler.on_connected = self.metrics.scheduler_connected
         self.observe = TurnObserver(self.metrics)
@@ -133,17 +131,11 @@ class Proxy:
             first_byte_timeout_s=settings.engine_first_byte_timeout_s or None,
             idle_timeout_s=settings.engine_idle_timeout_s or None,
         )
-        self._pruner: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         await self.scheduler.start()
-        self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")
 
     async def close(self) -> None:
-        if self._pruner is not None:
-            self._pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruner
         await self.scheduler.close()
         await self.engines.close()
 
@@ -510,11 +502,6 @@ class Proxy:
         self, turn: ProxiedTurn, placement: pb.AdmitReply, endpoint: str, body: bytes
     ) -> EngineRequest:
         return outgoing.engine_request(self.config, turn, placement, endpoint, body)
-
-    async def _prune_forever(self) -> None:
-        while True:
-            await asyncio.sleep(PRUNE_PERIOD_S)
-            self.runs.prune()
 
 
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]

@@ -20,8 +20,8 @@ The scheduler may be down or restarting at any moment:
 - a turn waiting for admission stays waiting in the dataplane while the scheduler is away, and
   is admitted again under the same turn id on the next stream;
 - when the stream breaks, it is reopened a second later, and before that Resync replaces the
-  scheduler's view of runs and turns in flight with the dataplane's own (`runs.RunBook`), which
-  every reported event has also updated.
+  scheduler's view of runs and turns in flight with the dataplane's own (`runs.RunBook`, this
+  client's alone), which every reported event has also updated.
 
 Events still queued when the stream broke are dropped rather than resent: the resync already
 carries their effect.
@@ -42,7 +42,7 @@ import grpc.aio
 from luftpause import config as lp_config
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
 from luftpause.dataplane.reservations import ReservationPool
-from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.errors import no_replica_serves
 from luftpause.lifecycle import pauses_run
 from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
@@ -89,12 +89,60 @@ class Urgency(enum.IntEnum):
     NOW = 2  # at once, always
 
 
+# How soon each item of a message must go, by what it is; `urgency` reads it.
+_URGENCY = {
+    # A turn asking, and room given back for one that asks: a client waits on each.
+    "admit": Urgency.NOW,
+    "reservation_returned": Urgency.NOW,
+    # Asked for first on each new stream (`_write` starts its outbox with it).
+    "want_reservations": Urgency.NOW,
+    # The use of a reservation rides like a streamed turn's start: the room already counts on
+    # that replica (`SchedulerClient._use_reservation`).
+    "reservation_used": Urgency.RIDES,
+    # A first token confirms a turn started and a run's end frees its room: a held turn may
+    # wait on either.
+    "first_token": Urgency.WHILE_HELD,
+    "run_ended": Urgency.WHILE_HELD,
+    # Rare, and what a client retries on: the scheduler has it before the retry comes.
+    "failed": Urgency.NOW,
+    # The client left: the turn leaves the queue or frees its slot at once.
+    "abandoned": Urgency.NOW,
+}
+
+
+def urgency(item: pb.DataplaneItem) -> Urgency:
+    """How soon `item` must reach the scheduler: `_URGENCY`, but for a turn's start and end.
+
+    A streamed reply's start tells the scheduler nothing the first token will not say
+    (admission.py), so it rides; a reply read whole is confirmed by its end, which the core
+    times from its start. A reply that pauses its run on a tool goes at once (the run's next
+    turn may reach another dataplane first); any other end may free room for a held turn.
+    """
+    what = item.WhichOneof("item")
+    if what == "event":
+        event = item.event
+        what = event.WhichOneof("event")
+        if what == "started":
+            return Urgency.RIDES if event.started.streamed else Urgency.WHILE_HELD
+        if what == "completed":
+            paused = pauses_run(event.completed.finish_reason, event.completed.tool_call_ids)
+            return Urgency.NOW if paused else Urgency.WHILE_HELD
+    assert what is not None, "an empty item"
+    return _URGENCY[what]
+
+
 class SchedulerClient:
     """One connection to the scheduler; open with `start()`, close with `close()`."""
 
-    def __init__(self, target: str, runs: RunBook, token: str | None = None, name: str = "") -> None:
+    def __init__(
+        self, target: str, token: str | None = None, name: str = "", runs: RunBook | None = None
+    ) -> None:
         self._target = target
-        self.runs = runs
+        # The run book is this client's alone: what it reports and what the scheduler says change
+        # it, its resyncs read it, and it forgets quiet runs (`_prune_forever`). `runs`: a book
+        # to start from (a test's, filled beforehand), else an empty one.
+        self.runs = RunBook() if runs is None else runs
+        self._pruner: asyncio.Task[None] | None = None
         # The scheduler's gRPC port takes only calls carrying the token (scheduler/grpc_auth.py); the
         # name (`dataplane_name`) scopes this dataplane's resync where several share the scheduler.
         metadata = []
@@ -131,14 +179,21 @@ class SchedulerClient:
         self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
         self._stub = rpc.SchedulerStub(self._channel)
         self._stream_task = asyncio.create_task(self._keep_streaming(), name="scheduler-stream")
+        self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")
 
     async def close(self) -> None:
-        if self._stream_task is not None:
-            self._stream_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._stream_task
+        for task in (self._pruner, self._stream_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._channel is not None:
             await self._channel.close(grace=None)
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_PERIOD_S)
+            self.runs.prune()
 
     # -- admission --
 
@@ -213,7 +268,7 @@ class SchedulerClient:
         if reservation is None:
             return None
         used = pb.ReservationUsed(reservation_id=reservation.id, replica=reservation.replica, admit=request)
-        self._send(pb.DataplaneItem(reservation_used=used), Urgency.RIDES)
+        self._send(pb.DataplaneItem(reservation_used=used))
         return pb.AdmitReply(
             outcome=pb.AdmitReply.PLACED,
             replica=reservation.replica,
@@ -241,8 +296,7 @@ class SchedulerClient:
         abandoned, wherever it is (held, or placed with a reply we will never read)."""
         if self._pending.pop(request.turn_id, None) is not None:
             self.report(
-                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()),
-                Urgency.NOW,
+                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned())
             )
 
     def _placed(self, placement: pb.Placement) -> None:
@@ -260,11 +314,8 @@ class SchedulerClient:
         self.runs.placed(turn)
 
     def started(self, turn_id: str, run_id: str, streamed: bool) -> None:
-        """The engine request went out. For a streamed reply the scheduler learns nothing from
-        this that the first token will not say (admission.py), so it rides with the next event;
-        a reply read whole is confirmed by its end, which the core times from this."""
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted(streamed=streamed)),
-                    Urgency.RIDES if streamed else Urgency.WHILE_HELD)  # fmt: skip
+        """The engine request went out."""
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted(streamed=streamed)))
 
     def first_token(self, turn_id: str, run_id: str) -> None:
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken()))
@@ -284,32 +335,31 @@ class SchedulerClient:
             completion_tokens=completion_tokens,
             tool_call_ids=tool_call_ids,
         )
-        # A reply that pauses its run: the run's next turn may reach another dataplane first.
-        urgency = Urgency.NOW if pauses_run(finish_reason, tool_call_ids) else Urgency.WHILE_HELD
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed), urgency)
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed))
 
     def failed(self, turn_id: str, run_id: str, error: str, replica_fault: bool = False) -> None:
-        # Rare, and what a client retries on: the scheduler has it before the retry comes.
         failed = pb.TurnFailed(error=error, replica_fault=replica_fault)
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=failed), Urgency.NOW)
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=failed))
 
     def run_ended(self, run_id: str) -> None:
         self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
 
-    def report(self, event: pb.TurnEvent, urgency: Urgency = Urgency.WHILE_HELD) -> None:
+    def report(self, event: pb.TurnEvent) -> None:
         """Records the event in the run book and queues it for the scheduler; never blocks.
         It goes out, in order with everything else, as soon as its `urgency` asks."""
         self.runs.apply(event)
-        self._send(pb.DataplaneItem(event=event), urgency)
+        self._send(pb.DataplaneItem(event=event))
 
-    def _send(self, item: pb.DataplaneItem, urgency: Urgency = Urgency.NOW) -> None:
+    def _send(self, item: pb.DataplaneItem) -> None:
+        """Queues `item` for the stream, which is woken for it as soon as its `urgency` asks."""
         # While no stream is up, events are carried by the next resync and admissions by the
         # pending turns; neither is kept for the stream.
         if not self._synced.is_set():
             return
         self._outbox.append(item)
-        if urgency is Urgency.NOW or (
-            urgency is Urgency.WHILE_HELD
+        due = urgency(item)
+        if due is Urgency.NOW or (
+            due is Urgency.WHILE_HELD
             and (not self._nothing_held or self._pending or self._reservations.running_low)
         ):
             self._wake.set()

@@ -25,7 +25,6 @@ from support import Ports, until, write_config
 
 from luftpause import config as lp_config
 from luftpause.dataplane import scheduler_client
-from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb, rpc
 from luftpause.scheduler.host import SchedulerHost, SchedulerService
@@ -68,7 +67,7 @@ def _request(turn_id: str, run_id: str) -> pb.AdmitRequest:
 
 
 async def _client(port: int, name: str = "") -> SchedulerClient:
-    client = SchedulerClient(f"127.0.0.1:{port}", RunBook(), name=name)
+    client = SchedulerClient(f"127.0.0.1:{port}", name=name)
     await client.start()
     await until(lambda: client.connected, what=f"dataplane {name or '1'} to resync and connect")
     return client
@@ -187,3 +186,25 @@ async def test_a_reply_that_pauses_its_run_reaches_the_scheduler_at_once(
     finally:
         await client.close()
         await server.stop(grace=None)
+
+
+def test_every_item_and_turn_event_has_its_urgency() -> None:
+    """A new kind of item or event cannot go out without its urgency being said: every one the
+    contract has gets one, and a turn's start and end get theirs from what they say."""
+    urgency, Urgency = scheduler_client.urgency, scheduler_client.Urgency
+    for field in pb.DataplaneItem.DESCRIPTOR.oneofs_by_name["item"].fields:
+        if field.name != "event":
+            value = "r-1" if field.type == field.TYPE_STRING else getattr(pb, field.message_type.name)()
+            assert isinstance(urgency(pb.DataplaneItem(**{field.name: value})), Urgency), field.name
+    for field in pb.TurnEvent.DESCRIPTOR.oneofs_by_name["event"].fields:
+        event = pb.TurnEvent(turn_id="t", run_id="r", **{field.name: getattr(pb, field.message_type.name)()})
+        assert isinstance(urgency(pb.DataplaneItem(event=event)), Urgency), field.name
+
+    def of(**event: object) -> object:
+        return urgency(pb.DataplaneItem(event=pb.TurnEvent(turn_id="t", run_id="r", **event)))
+
+    assert of(started=pb.TurnStarted(streamed=True)) is Urgency.RIDES
+    assert of(started=pb.TurnStarted(streamed=False)) is Urgency.WHILE_HELD
+    assert of(completed=pb.TurnCompleted(finish_reason="tool_calls", tool_call_ids=["c"])) is Urgency.NOW
+    assert of(completed=pb.TurnCompleted(finish_reason="stop")) is Urgency.WHILE_HELD
+    assert of(failed=pb.TurnFailed(error="x")) is Urgency.NOW
