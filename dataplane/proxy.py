@@ -67,7 +67,6 @@ from luftpause.dataplane.metrics import UNKNOWN_CLASS, DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.report import TurnReport
 from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
-from luftpause.dataplane.runs import PlacedTurn
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.dataplane.sse import NotAnEventStream, StreamObserver, observe_completion
 from luftpause.dataplane.turn import ProxiedTurn, request_object, requested_max_tokens
@@ -237,21 +236,7 @@ class Proxy:
         """Step 2: held until the scheduler places the turn; None once it was refused or abandoned."""
         asked = time.perf_counter()
         try:
-            placement = await self.scheduler.admit(
-                pb.AdmitRequest(
-                    turn_id=turn.id,
-                    run_id=turn.scheduler_run_id,
-                    service_class=turn.service_class,
-                    caller=turn.caller,
-                    model=turn.model,
-                    kind=turn.kind,
-                    traceparent=turn.traceparent,
-                    echoed_tool_call_ids=turn.echoed,
-                    request_bytes=turn.request_bytes,
-                    max_tokens=turn.max_tokens,
-                ),
-                abandoned=client_left,
-            )
+            placement = await self.scheduler.admit(turn.admit_request(), abandoned=client_left)
         except TurnRefused as refusal:
             self.observe.refused(turn, refusal.message)
             await answer.refuse(refusal)
@@ -267,17 +252,7 @@ class Proxy:
             turn.run_id = placement.run_id
             answer.headers[headers.RUN_ID] = headers.on_the_wire(turn.run_id)
         answer.headers[headers.REPLICA] = placement.replica
-        self.scheduler.placed(
-            PlacedTurn(
-                turn.id,
-                turn.scheduler_run_id,
-                turn.replica,
-                turn.service_class,
-                turn.caller,
-                turn.model,
-                turn.kind,
-            )
-        )
+        self.scheduler.placed(turn.booked())
         if client_left.done():
             # Placed at the moment the client left: the slot must be freed, not left to expire.
             self.report.failed(turn, "the client left as the turn was placed")
