@@ -13,13 +13,13 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
-from support import Ports, Service, amend_config, free_port, running, wait_until, write_config
+from support import HealthOnly, Ports, Service, amend_config, free_port, running, wait_until, write_config
 
 MODEL = "fake-llama"
 LOOKUP = {
@@ -30,18 +30,6 @@ LOOKUP = {
         "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
     },
 }
-
-
-class _HealthOnly(BaseHTTPRequestHandler):
-    """Answers every GET with 200 and an empty body: enough for a replica to pass its first probe."""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @dataclass
@@ -55,7 +43,7 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp: Path = tmp_path_factory.mktemp("dataplane-stack")
     ports = Ports()
-    ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), _HealthOnly)
+    ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), HealthOnly)
     threading.Thread(target=ghost.serve_forever, daemon=True).start()
     ghost_replica = f'[[replicas]]\nname = "ghost"\nurl = "http://127.0.0.1:{ghost.server_port}"\nmodels = ["ghost-llama"]\n'
     path = write_config(tmp, ports, extra=ghost_replica)
