@@ -5,15 +5,8 @@ on it. What is ready goes out in one message whenever the stream is free to writ
 nothing waits for a batch to fill and a busy dataplane sends one message for many turns (several
 when more than `MAX_BATCH_ITEMS` are ready, the most the scheduler takes in one).
 
-Not every event is worth a message of its own. How soon each must reach the scheduler is its
-`Urgency`: a turn that pauses its run on a tool goes at once (the run's next turn may reach
-another dataplane and must find the run there), and so does a failed one (rare, and what a
-client retries on); an event that frees room or confirms a turn
-goes at once while the scheduler holds a turn somewhere (a decision may wait on it) or this
-dataplane waits for an admission; otherwise it rides with the next message, or goes after
-`RIDE_AT_MOST_S` if none comes. Each message from the scheduler says whether it holds any turn
-(`nothing_held`); until the first one says so, everything goes at once. So a quiet stack costs
-one message each way per turn, and a busy one reports as promptly as before.
+Not every event is worth a message of its own: how soon each goes is its urgency, and what
+waits for the next message waits in the `outbox.Outbox`.
 
 The scheduler may be down or restarting at any moment:
 
@@ -31,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import socket
 from collections.abc import Callable
@@ -41,17 +33,15 @@ import grpc.aio
 
 from luftpause import config as lp_config
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
+from luftpause.dataplane.outbox import Outbox
 from luftpause.dataplane.reservations import ReservationPool
 from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.errors import no_replica_serves
-from luftpause.lifecycle import pauses_run
 from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
 
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
-# The longest an event no decision waits on stays in the dataplane before it goes out on its own.
-RIDE_AT_MOST_S = 0.02
 # A scheduler that takes the connection but never answers the resync is treated as unreachable.
 RESYNC_TIMEOUT_S = 10.0
 
@@ -81,56 +71,6 @@ def dataplane_name(settings: lp_config.DataplaneSettings, worker: int | None = N
     return base if worker is None else f"{base}/{worker}"
 
 
-class Urgency(enum.IntEnum):
-    """How soon an event must reach the scheduler (see the module docstring)."""
-
-    RIDES = 0  # no decision waits on it: it goes with the next message
-    WHILE_HELD = 1  # a held turn may wait on it: at once while the scheduler holds any
-    NOW = 2  # at once, always
-
-
-# How soon each item of a message must go, by what it is; `urgency` reads it.
-_URGENCY = {
-    # A turn asking, and room given back for one that asks: a client waits on each.
-    "admit": Urgency.NOW,
-    "reservation_returned": Urgency.NOW,
-    # Asked for first on each new stream (`_write` starts its outbox with it).
-    "want_reservations": Urgency.NOW,
-    # The use of a reservation rides like a streamed turn's start: the room already counts on
-    # that replica (`SchedulerClient._use_reservation`).
-    "reservation_used": Urgency.RIDES,
-    # A first token confirms a turn started and a run's end frees its room: a held turn may
-    # wait on either.
-    "first_token": Urgency.WHILE_HELD,
-    "run_ended": Urgency.WHILE_HELD,
-    # Rare, and what a client retries on: the scheduler has it before the retry comes.
-    "failed": Urgency.NOW,
-    # The client left: the turn leaves the queue or frees its slot at once.
-    "abandoned": Urgency.NOW,
-}
-
-
-def urgency(item: pb.DataplaneItem) -> Urgency:
-    """How soon `item` must reach the scheduler: `_URGENCY`, but for a turn's start and end.
-
-    A streamed reply's start tells the scheduler nothing the first token will not say
-    (admission.py), so it rides; a reply read whole is confirmed by its end, which the core
-    times from its start. A reply that pauses its run on a tool goes at once (the run's next
-    turn may reach another dataplane first); any other end may free room for a held turn.
-    """
-    what = item.WhichOneof("item")
-    if what == "event":
-        event = item.event
-        what = event.WhichOneof("event")
-        if what == "started":
-            return Urgency.RIDES if event.started.streamed else Urgency.WHILE_HELD
-        if what == "completed":
-            paused = pauses_run(event.completed.finish_reason, event.completed.tool_call_ids)
-            return Urgency.NOW if paused else Urgency.WHILE_HELD
-    assert what is not None, "an empty item"
-    return _URGENCY[what]
-
-
 class SchedulerClient:
     """One connection to the scheduler; open with `start()`, close with `close()`."""
 
@@ -155,14 +95,10 @@ class SchedulerClient:
         self._stub: rpc.SchedulerStub | None = None
         # Turns waiting for their placement, by turn id: re-admitted on every new stream.
         self._pending: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
-        # What the current stream is to carry next, and the writer's wake-up.
-        self._outbox: list[pb.DataplaneItem] = []
-        self._wake = asyncio.Event()
-        # What the scheduler last said: it holds no turn, so events may ride (`Urgency`).
-        self._nothing_held = False
+        # What the current stream is to carry next, and when.
+        self._outbox = Outbox()
         # Reservations the scheduler granted on the current stream.
         self._reservations = ReservationPool()
-        self._ride_timer: asyncio.TimerHandle | None = None
         self._synced = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
         self._stream_task: asyncio.Task[None] | None = None
@@ -257,7 +193,7 @@ class SchedulerClient:
         once, so that the scheduler, seeing the room again, grants more while the last one still
         serves the next turn.
         """
-        if not self._nothing_held or self._pending:
+        if not self._outbox.nothing_held or self._pending:
             return None
         if request.kind != pb.GENERATIVE or request.echoed_tool_call_ids or not request.run_id:
             return None
@@ -351,31 +287,12 @@ class SchedulerClient:
         self._send(pb.DataplaneItem(event=event))
 
     def _send(self, item: pb.DataplaneItem) -> None:
-        """Queues `item` for the stream, which is woken for it as soon as its `urgency` asks."""
+        """Queues `item` for the stream, which carries it as soon as its urgency asks."""
         # While no stream is up, events are carried by the next resync and admissions by the
         # pending turns; neither is kept for the stream.
         if not self._synced.is_set():
             return
-        self._outbox.append(item)
-        due = urgency(item)
-        if due is Urgency.NOW or (
-            due is Urgency.WHILE_HELD
-            and (not self._nothing_held or self._pending or self._reservations.running_low)
-        ):
-            self._wake.set()
-        elif self._ride_timer is None:
-            self._ride_timer = asyncio.get_running_loop().call_later(RIDE_AT_MOST_S, self._wake.set)
-
-    def _stop_ride_timer(self) -> None:
-        if self._ride_timer is not None:
-            self._ride_timer.cancel()
-            self._ride_timer = None
-
-    def _told(self, nothing_held: bool) -> None:
-        """The scheduler says whether it holds any turn; once it does, what waited goes out."""
-        self._nothing_held = nothing_held
-        if not nothing_held and self._outbox:
-            self._wake.set()
+        self._outbox.put(item, waiting=bool(self._pending) or self._reservations.running_low)
 
     # -- the stream --
 
@@ -384,13 +301,8 @@ class SchedulerClient:
         fails ends the stream, so that its reader ends too and the stream is opened again."""
         try:
             while True:
-                await self._wake.wait()
-                # What the other turns queue in this turn of the event loop goes in the same message.
-                await asyncio.sleep(0)
-                self._wake.clear()
-                self._stop_ride_timer()
+                items = await self._outbox.take()
                 self._reservations.running_low = False
-                items, self._outbox = self._outbox, []
                 # At most MAX_BATCH_ITEMS a message: the scheduler ends a stream that sends more.
                 for start in range(0, len(items), MAX_BATCH_ITEMS):
                     await call.write(pb.DataplaneBatch(items=items[start : start + MAX_BATCH_ITEMS]))
@@ -419,9 +331,8 @@ class SchedulerClient:
                 if self._synced.is_set():
                     self._synced.clear()
                     self.on_connected(False)
-                self._nothing_held = False
+                self._outbox.close()
                 self._reservations.clear()
-                self._stop_ride_timer()
                 if writer is not None:
                     writer.cancel()
                 if self._call is not None:
@@ -434,7 +345,7 @@ class SchedulerClient:
     ) -> grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch]:
         """Resyncs the scheduler from the run book and opens a new Turns stream on which this
         dataplane takes reservations and admits again the turns still waiting."""
-        self._outbox = []
+        self._outbox.close()
         chunks = self.runs.resync_chunks()
         await stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
         call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] = stub.Turns(
@@ -443,11 +354,11 @@ class SchedulerClient:
         self._call = call
         self._reservations.clear()
         # This dataplane takes reservations; then the turns still waiting, under their own ids, in the order they came.
-        self._outbox = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
-        self._outbox += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
+        first = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
+        first += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
+        self._outbox.open(first)
         self._synced.set()
         self.on_connected(True)
-        self._wake.set()
         self._outage_logged = False
         log.info(
             "connected to scheduler at %s (resynced %d runs, %d turns in flight); %d held turns admitted again",
@@ -470,8 +381,8 @@ class SchedulerClient:
             # Runs whose DELETE reached another worker (or dataplane): out of this book.
             for run_id in batch.ended_runs:
                 self.runs.forget_run(run_id)
-            if batch.nothing_held is not self._nothing_held:
-                self._told(batch.nothing_held)
+            if batch.nothing_held is not self._outbox.nothing_held:
+                self._outbox.told(batch.nothing_held)
 
     def _log_broken(self, e: grpc.aio.AioRpcError) -> None:
         if self._synced.is_set():

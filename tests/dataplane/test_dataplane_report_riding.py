@@ -1,5 +1,5 @@
 """When a turn's events reach the scheduler: at once where a decision may wait on them, else with
-the dataplane's next message (dataplane/scheduler_client.py, `Urgency`).
+the dataplane's next message (dataplane/outbox.py, `Urgency`).
 
 The real scheduler host behind real gRPC on loopback, and the dataplane's own scheduler client;
 a second client plays a second dataplane. What a user must see:
@@ -24,7 +24,7 @@ import pytest
 from support import Ports, until, write_config
 
 from luftpause import config as lp_config
-from luftpause.dataplane import scheduler_client
+from luftpause.dataplane import outbox
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb, rpc
 from luftpause.scheduler.host import SchedulerHost, SchedulerService
@@ -112,7 +112,7 @@ async def _turn(client: SchedulerClient, turn_id: str, run_id: str, finish: str 
 @pytest.fixture
 def events_never_ride_out_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """An event left to ride waits a minute for company: a test that needs it sooner fails."""
-    monkeypatch.setattr(scheduler_client, "RIDE_AT_MOST_S", 60.0)
+    monkeypatch.setattr(outbox, "RIDE_AT_MOST_S", 60.0)
 
 
 async def test_on_a_quiet_stack_a_turns_events_ride_with_the_next_admission(
@@ -145,7 +145,7 @@ async def test_a_last_turns_end_reaches_the_scheduler_on_its_own_soon(tmp_path: 
         await until(
             # (A reservation the dataplane holds is no turn: `placed()` leaves them out.)
             lambda: not host.state.placed() and not host.state.held(),
-            timeout_s=scheduler_client.RIDE_AT_MOST_S + 2.0,
+            timeout_s=outbox.RIDE_AT_MOST_S + 2.0,
             what="the turn to leave the scheduler's books with nothing after it",
         )
     finally:
@@ -191,7 +191,7 @@ async def test_a_reply_that_pauses_its_run_reaches_the_scheduler_at_once(
 def test_every_item_and_turn_event_has_its_urgency() -> None:
     """A new kind of item or event cannot go out without its urgency being said: every one the
     contract has gets one, and a turn's start and end get theirs from what they say."""
-    urgency, Urgency = scheduler_client.urgency, scheduler_client.Urgency
+    urgency, Urgency = outbox.urgency, outbox.Urgency
     for field in pb.DataplaneItem.DESCRIPTOR.oneofs_by_name["item"].fields:
         if field.name != "event":
             value = "r-1" if field.type == field.TYPE_STRING else getattr(pb, field.message_type.name)()
