@@ -31,9 +31,8 @@ from typing import Any
 import httpx
 
 from luftpause.bearer import token_from_env
-from luftpause.bench import results
+from luftpause.bench import results, stack_config
 from luftpause.bench.common import free_port
-from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb
 
@@ -56,11 +55,9 @@ def _scheduler(tmp: Path):
     replica = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
     threading.Thread(target=replica.serve_forever, daemon=True).start()
     grpc_port, status_port = free_port(), free_port()
-    config = tmp / "luftpause.toml"
-    config.write_text(
-        f"[scheduler]\ngrpc_port = {grpc_port}\nstatus_port = {status_port}\n\n"
-        f'[[replicas]]\nname = "stand-in"\nurl = "http://127.0.0.1:{replica.server_address[1]}"\n'
-        f'models = ["{MODEL}"]\nmetrics = "none"\n'
+    stand_in = stack_config.replica("stand-in", replica.server_address[1], [MODEL], metrics="none")
+    config = stack_config.write(
+        tmp, stack_config.stack(grpc=grpc_port, status=status_port, replicas=[stand_in])
     )
     log = (tmp / "scheduler.log").open("wb")
     proc = subprocess.Popen(
@@ -94,7 +91,7 @@ def _scheduler(tmp: Path):
 
 async def _measure(target: str, turns: int, warmup: int, concurrency: int) -> list[float]:
     # The scheduler started here inherits LUFTPAUSE_TOKEN, and then asks for it.
-    client = SchedulerClient(target, RunBook(), token_from_env())
+    client = SchedulerClient(target, token_from_env())
     await client.start()
     try:
         deadline = time.monotonic() + 10

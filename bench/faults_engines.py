@@ -47,7 +47,7 @@ from typing import Any
 
 import httpx
 
-from luftpause.bench import results
+from luftpause.bench import results, stack_config
 from luftpause.bench.common import Processes, free_port, wait_healthy
 from luftpause.fake_engine import scripted
 
@@ -84,14 +84,9 @@ def _stack(directory: Path, bad_args: list[str] | None, good: bool) -> Any:
     and, with `good`, a fake engine beside it; waits until every replica is probed healthy."""
     grpc, status, dataplane = free_port(), free_port(), free_port()
     engines = {"bad": free_port()} | ({"good": free_port()} if good else {})
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["{MODEL}"]\n'
-        for name, port in engines.items()
-    )
-    config = directory / "luftpause.toml"
-    config.write_text(
-        f"[scheduler]\ngrpc_port = {grpc}\nstatus_port = {status}\n\n"
-        f'[dataplane]\nport = {dataplane}\nscheduler = "127.0.0.1:{grpc}"\n{replicas}'
+    replicas = [stack_config.replica(name, port, [MODEL]) for name, port in engines.items()]
+    config = stack_config.write(
+        directory, stack_config.stack(grpc=grpc, status=status, dataplane=dataplane, replicas=replicas)
     )
     procs = Processes(directory)
     luftpause = [sys.executable, "-m", "luftpause"]

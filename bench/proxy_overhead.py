@@ -55,7 +55,7 @@ from typing import Any
 
 import httpx
 
-from luftpause.bench import results
+from luftpause.bench import results, stack_config
 from luftpause.bench.common import free_port
 
 MODEL = "fake-llama"
@@ -412,24 +412,13 @@ def _config(
     dataplane_port: int,
     name: str = "luftpause.toml",
 ) -> Path:
-    path = work / name
-    path.write_text(
-        f"""
-[scheduler]
-grpc_port = {grpc_port}
-status_port = {status_port}
-
-[dataplane]
-port = {dataplane_port}
-scheduler = "127.0.0.1:{grpc_port}"
-
-[[replicas]]
-name = "engine"
-url = "http://127.0.0.1:{engine_port}"
-models = ["{MODEL}"]
-"""
+    tables = stack_config.stack(
+        grpc=grpc_port,
+        status=status_port,
+        dataplane=dataplane_port,
+        replicas=[stack_config.replica("engine", engine_port, [MODEL])],
     )
-    return path
+    return stack_config.write(work, tables, name)
 
 
 def luftpause_arm(workers: int) -> str:

@@ -74,10 +74,9 @@ from typing import Any
 
 import httpx
 
-from luftpause.bench import llamacpp_model, results, sglang_router
+from luftpause.bench import cpu, llamacpp_model, results, sglang_router, stack_config
 from luftpause.bench.common import Processes, free_port, spread, spread_cell, wait_healthy
 from luftpause.bench.results import cell
-from luftpause.bench.sim.fidelity import CpuSnapshot, _cgroup_usage_s, _cpu_jiffies, _process_cpu_s, cpu_use
 from luftpause.loadgen.agents import LoadSpec, Tally, run_load
 from luftpause.loadgen.subagents import FloodSpec, flood
 
@@ -95,8 +94,6 @@ CLASSES = ("interactive", "batch")
 RATIO_KEYS = ("interactive_runs_per_min", "interactive_p50_s", "batch_runs_per_min", "turns")
 PROGRESS_EVERY_S = 10.0
 METRICS_TIMEOUT_S = 60.0
-# The CPU window closes this long before the agents' deadline, while every process is still there.
-CPU_WINDOW_MARGIN_S = 0.5
 COUNTERS = {
     "prompt_tokens": "llamacpp:prompt_tokens_total",
     "cached_tokens": "llamacpp:prompt_tokens_cached_total",
@@ -178,18 +175,21 @@ def luftpause_config(
 ) -> Path:
     """The luftpause arm's configuration: the scheduler, the dataplane, one llama.cpp replica per
     engine with its slots and host cache stated and no priority queue."""
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "llama-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\n'
-        f'models = ["{MODEL_NAME}"]\nmetrics = "llamacpp"\nengine_priority = "none"\n'
-        f"kv_slots = {slots}\nhost_cache = {'true' if host_cache else 'false'}\n"
+    replicas = [
+        stack_config.replica(
+            f"llama-{chr(ord('a') + i)}",
+            port,
+            [MODEL_NAME],
+            metrics="llamacpp",
+            engine_priority="none",
+            kv_slots=slots,
+            host_cache=host_cache,
+        )
         for i, port in enumerate(engine_ports)
+    ]
+    return stack_config.write(
+        directory, stack_config.stack(grpc=grpc, status=status, dataplane=dataplane, replicas=replicas)
     )
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"[scheduler]\ngrpc_port = {grpc}\nstatus_port = {status}\n\n"
-        f'[dataplane]\nport = {dataplane}\nscheduler = "127.0.0.1:{grpc}"\n{replicas}'
-    )
-    return path
 
 
 def model_path(given: str | None, directory: Path) -> Path:
@@ -342,13 +342,14 @@ def arm_stack(
 def runtime_config(directory: Path, *, port: int, front_url: str, fake_mcp: int) -> Path:
     """The runtime's configuration for `--agents mcp`: its turns to `front_url` (the dataplane
     or the router), the flood's model as spawn's default, fake-mcp its one tool server."""
-    path = directory / "runtime.toml"
-    path.write_text(
-        f'[runtime]\nport = {port}\ndataplane = "{front_url}"\ndefault_model = "{MODEL_NAME}"\n'
-        f'state_dir = "{directory / "runtime-state"}"\n\n'
-        f'[[runtime.mcp_servers]]\nname = "fake-mcp"\nurl = "http://127.0.0.1:{fake_mcp}/mcp"\n'
-    )
-    return path
+    runtime = {
+        "port": port,
+        "dataplane": front_url,
+        "default_model": MODEL_NAME,
+        "state_dir": str(directory / "runtime-state"),
+        "mcp_servers": [{"name": "fake-mcp", "url": f"http://127.0.0.1:{fake_mcp}/mcp"}],
+    }
+    return stack_config.write(directory, {"runtime": runtime}, "runtime.toml")
 
 
 def start_runtime(procs: Processes, py: list[str], logs: Path, front_url: str, tool_latency_s: float) -> str:
@@ -363,17 +364,6 @@ def start_runtime(procs: Processes, py: list[str], logs: Path, front_url: str, t
     procs.start("runtime", [*py, "runtime", "--config", str(conf)])
     wait_healthy(f"http://127.0.0.1:{port}/status", procs)
     return f"http://127.0.0.1:{port}/mcp"
-
-
-def _cpu_snapshot(pids: dict[str, int], core: int | None) -> CpuSnapshot:
-    """The fidelity harness's snapshot, over the stack's CPU alone where it has one."""
-    cpus = {core} if core is not None else os.sched_getaffinity(0)
-    return CpuSnapshot(
-        at=time.monotonic(),
-        cpus=_cpu_jiffies(cpus),
-        cgroup_s=_cgroup_usage_s(),
-        processes={name: _process_cpu_s(pid) for name, pid in pids.items()},
-    )
 
 
 def specs(arm: str, s: ArmStack, args: argparse.Namespace, seed: str) -> dict[str, LoadSpec | FloodSpec]:
@@ -444,10 +434,10 @@ async def drive(
         for cls, spec in load.items()
     }
     window_start = started + args.warmup_s
-    window_end = window_start + args.window_s - CPU_WINDOW_MARGIN_S
+    window_end = window_start + args.window_s - cpu.WINDOW_MARGIN_S
     pids = {name: p.pid for name, p in s.procs.procs.items()} | {"agents": os.getpid()}
     single = s.single_threaded | {"agents"}
-    before: CpuSnapshot | None = None
+    before: cpu.CpuSnapshot | None = None
     counters_before: dict[str, float] = {}
     engine_before: tuple[float, float] | None = None
     next_line = started + PROGRESS_EVERY_S
@@ -455,8 +445,8 @@ async def drive(
         while True:
             now = time.monotonic()
             if before is None and now >= window_start:
-                before = _cpu_snapshot(pids, cores.stack)
-                engine_before = _cpu_jiffies({cores.engines}) if cores.engines is not None else None
+                before = cpu.snapshot(pids, None if cores.stack is None else {cores.stack})
+                engine_before = cpu.cpu_jiffies({cores.engines}) if cores.engines is not None else None
                 counters_before = await read_counters(client, s.engine_urls)
             if now >= window_end:
                 break
@@ -472,16 +462,16 @@ async def drive(
             wake = min(next_line, window_end, window_start if before is None else window_end)
             await asyncio.sleep(min(max(wake - now, 0.05), 1.0))
         assert before is not None
-        after = _cpu_snapshot(pids, cores.stack)
-        engine_after = _cpu_jiffies({cores.engines}) if cores.engines is not None else None
+        after = cpu.snapshot(pids, None if cores.stack is None else {cores.stack})
+        engine_after = cpu.cpu_jiffies({cores.engines}) if cores.engines is not None else None
         counters = counter_window(counters_before, await read_counters(client, s.engine_urls))
     summaries = {cls: await task for cls, task in tasks.items()}
     s.procs.check_alive()
-    cpu = cpu_use(before, after, single)
+    use = cpu.cpu_use(before, after, single)
     if engine_before is not None and engine_after is not None:
         busy = (engine_after[0] - engine_before[0]) / max(engine_after[1] - engine_before[1], 1.0)
-        cpu["engine_cpu_busy"] = round(busy, 3)
-    return figures(summaries, args.window_s) | counters | cpu | {"summaries": summaries}
+        use["engine_cpu_busy"] = round(busy, 3)
+    return figures(summaries, args.window_s) | counters | use | {"summaries": summaries}
 
 
 def figures(summaries: dict[str, dict[str, Any]], window_s: float) -> dict[str, Any]:

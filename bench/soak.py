@@ -29,46 +29,29 @@ from typing import Any
 import httpx
 from mcp import Client
 
-from luftpause.bench import results
+from luftpause.bench import results, stack_config
 from luftpause.bench.common import free_port
 
 SERVICES = ("scheduler", "dataplane", "runtime", "fake-a", "fake-b", "fake-mcp")
 
 
-def _config(directory: Path, runtime_extra: str = "") -> tuple[Path, dict[str, int]]:
+def _config(directory: Path, runtime_extra: dict[str, Any] | None = None) -> tuple[Path, dict[str, int]]:
+    """The soak's stack on free ports: two fake engines, fake-mcp, and `runtime_extra` (keys of
+    `[runtime]`) on top."""
     ports = {name: free_port() for name in ("grpc", "status", "dataplane", "runtime", "mcp", "a", "b")}
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"""
-[scheduler]
-grpc_port = {ports["grpc"]}
-status_port = {ports["status"]}
-
-[dataplane]
-port = {ports["dataplane"]}
-scheduler = "127.0.0.1:{ports["grpc"]}"
-
-[runtime]
-port = {ports["runtime"]}
-dataplane = "http://127.0.0.1:{ports["dataplane"]}"
-state_dir = "{directory / "state"}"
-{runtime_extra}
-
-[[runtime.mcp_servers]]
-name = "fake-mcp"
-url = "http://127.0.0.1:{ports["mcp"]}/mcp"
-
-[[replicas]]
-name = "fake-a"
-url = "http://127.0.0.1:{ports["a"]}"
-models = ["fake-llama"]
-
-[[replicas]]
-name = "fake-b"
-url = "http://127.0.0.1:{ports["b"]}"
-models = ["fake-llama"]
-"""
+    tables = stack_config.stack(
+        grpc=ports["grpc"],
+        status=ports["status"],
+        dataplane=ports["dataplane"],
+        runtime=ports["runtime"],
+        state_dir=directory / "state",
+        tool_server={"name": "fake-mcp", "url": f"http://127.0.0.1:{ports['mcp']}/mcp"},
+        replicas=[
+            stack_config.replica("fake-a", ports["a"], ["fake-llama"]),
+            stack_config.replica("fake-b", ports["b"], ["fake-llama"]),
+        ],
     )
+    path = stack_config.write(directory, stack_config.merged(tables, {"runtime": runtime_extra or {}}))
     return path, ports
 
 
@@ -84,7 +67,9 @@ class LoadedStack:
 
     CLI = (sys.executable, "-m", "luftpause")
 
-    def __init__(self, prefix: str, env: dict[str, str] | None = None, runtime_extra: str = "") -> None:
+    def __init__(
+        self, prefix: str, env: dict[str, str] | None = None, runtime_extra: dict[str, Any] | None = None
+    ) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
         self.config, self.ports = _config(self.workdir, runtime_extra)
         self.log = self.workdir / "up.log"
@@ -224,7 +209,7 @@ def _plot(samples: list[dict[str, Any]], path: Path) -> Path | None:
 def run(
     duration_s: float, every_s: float, agents: int, spawn: int, retention_s: float | None = None
 ) -> dict[str, Any]:
-    extra = f"retention_s = {retention_s}" if retention_s is not None else ""
+    extra = {"retention_s": retention_s} if retention_s is not None else {}
     with LoadedStack("luftpause-soak-", runtime_extra=extra) as stack:
         stack.own_loop_agents(agents, duration_s, "soak")
         counts: dict[str, int] = {"spawn_errors": 0}

@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 
-from luftpause.bench import sglang_router
+from luftpause.bench import cpu, sglang_router, stack_config
 from luftpause.bench.common import Processes, free_port, wait_healthy
-from luftpause.bench.sim.fidelity import _snapshot, cpu_use, engine_params, timing_env
+from luftpause.bench.sim.fidelity import engine_params, timing_env
 from luftpause.config import DEFAULT_MODEL
 
 FRONTS = ("luftpause", "sglang-cache-aware", "sglang-round-robin")
@@ -73,26 +73,30 @@ def _config(
 ) -> Path:
     # The fake engines order their queues higher priority first, as SGLang does.
     priority = "sglang" if metrics == "sglang" else "none"
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\n'
-        f'models = ["{DEFAULT_MODEL}"]\nmetrics = "{metrics}"\nengine_priority = "{priority}"\n'
-        for i, port in enumerate(engines)
-    )
-    if single_pass is not None:
-        replicas += (
-            f'\n[[replicas]]\nname = "classifier"\nurl = "http://127.0.0.1:{single_pass}"\n'
-            f'kind = "single-pass"\nmodels = ["{SINGLE_PASS_MODEL}"]\n'
+    replicas = [
+        stack_config.replica(
+            f"fake-{chr(ord('a') + i)}", port, [DEFAULT_MODEL], metrics=metrics, engine_priority=priority
         )
-        if single_pass_lookahead is not None:
-            replicas += f"lookahead = {single_pass_lookahead}\n"
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"[scheduler]\ngrpc_port = {grpc}\nstatus_port = {status}\n\n"
-        f'[dataplane]\nport = {dataplane}\nscheduler = "127.0.0.1:{grpc}"\n\n'
-        f'[runtime]\nport = {runtime}\ndataplane = "{front_url}"\nstate_dir = "{directory / "state"}"\n\n'
-        f'[[runtime.mcp_servers]]\nname = "fake-mcp"\nurl = "http://127.0.0.1:{fake_mcp}/mcp"\n{replicas}'
+        for i, port in enumerate(engines)
+    ]
+    if single_pass is not None:
+        lookahead = {} if single_pass_lookahead is None else {"lookahead": single_pass_lookahead}
+        replicas.append(
+            stack_config.replica(
+                "classifier", single_pass, [SINGLE_PASS_MODEL], kind="single-pass", **lookahead
+            )
+        )
+    tables = stack_config.stack(
+        grpc=grpc,
+        status=status,
+        dataplane=dataplane,
+        runtime=runtime,
+        runtime_dataplane=front_url,
+        state_dir=directory / "state",
+        tool_server={"name": "fake-mcp", "url": f"http://127.0.0.1:{fake_mcp}/mcp"},
+        replicas=replicas,
     )
-    return path
+    return stack_config.write(directory, tables)
 
 
 @contextmanager
@@ -228,8 +232,8 @@ class CpuWindow:
     def __init__(self, s: Stack, loads: dict[str, int] | None = None) -> None:
         self.pids = s.pids() | (loads or {})
         self.single_threaded = s.single_threaded | set(loads or {})
-        self.before = _snapshot(self.pids)
+        self.before = cpu.snapshot(self.pids)
 
     def close(self) -> dict[str, Any]:
         """CPU busy share, each process's cores, and whether the window was saturated (and why)."""
-        return cpu_use(self.before, _snapshot(self.pids), self.single_threaded)
+        return cpu.cpu_use(self.before, cpu.snapshot(self.pids), self.single_threaded)

@@ -107,6 +107,13 @@ def create_app(config: lp_config.Config, token: str | None = None, name: str = "
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
         return error_response(422, f"invalid request: {exc.errors()}")
 
+    _add_plain_routes(app, proxy, config)
+    return app
+
+
+def _add_plain_routes(app: FastAPI, proxy: Proxy, config: lp_config.Config) -> None:
+    """The routes that are not turns: health, the models served, metrics, and a run's end."""
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok", "scheduler": "connected" if proxy.scheduler.connected else "reconnecting"}
@@ -131,8 +138,6 @@ def create_app(config: lp_config.Config, token: str | None = None, name: str = "
             return refusal_response(refusal)
         proxy.end_run(run_id)
         return Response(status_code=204, headers={headers.RUN_ID: headers.on_the_wire(run_id)})
-
-    return app
 
 
 def serve(config: lp_config.Config, worker: int | None = None, listen_fd: int | None = None) -> None:

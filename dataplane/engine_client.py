@@ -240,6 +240,8 @@ class _Connection(asyncio.Protocol):
     # -- parsing --
 
     def _parse(self) -> None:
+        """Takes what the engine sent through the response's states (head, then a body of a
+        length, chunked, or up to the close) as far as it goes, and delivers the body's bytes."""
         pieces: list[bytes] = []
         buffer = self._buffer
         while True:
@@ -263,18 +265,8 @@ class _Connection(asyncio.Protocol):
                     buffer.clear()
                 break
             elif state == "size":
-                end = buffer.find(b"\r\n")
-                if end < 0:
-                    if len(buffer) > 1024:
-                        raise EngineBrokeOff("engine's chunk size line is too long")
+                if not self._read_chunk_size(buffer):
                     break
-                size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
-                del buffer[: end + 2]
-                try:
-                    self._remaining = int(size_text, 16)
-                except ValueError:
-                    raise EngineBrokeOff(f"engine sent a bad chunk size {size_text[:20]!r}") from None
-                self._state = "chunk" if self._remaining else "trailer"
             elif state == "chunk":
                 if not buffer:
                     break
@@ -301,6 +293,29 @@ class _Connection(asyncio.Protocol):
                 break
         if self._state == "done" and not self._done:
             self._done = True
+        self._deliver(pieces)
+
+    def _read_chunk_size(self, buffer: bytearray) -> bool:
+        """Reads a chunk's size line off `buffer` (its extensions ignored), and the parser goes on to
+        the chunk, or to the trailer after the last one; False while the line is not all there."""
+        end = buffer.find(b"\r\n")
+        if end < 0:
+            if len(buffer) > 1024:
+                raise EngineBrokeOff("engine's chunk size line is too long")
+            return False
+        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
+        del buffer[: end + 2]
+        try:
+            self._remaining = int(size_text, 16)
+        except ValueError:
+            raise EngineBrokeOff(f"engine sent a bad chunk size {size_text[:20]!r}") from None
+        self._state = "chunk" if self._remaining else "trailer"
+        return True
+
+    def _deliver(self, pieces: list[bytes]) -> None:
+        """Hands the body's new `pieces` to the reader, and wakes it for them or for the end; past
+        the high-water mark of what it has not taken, the engine's socket is read no more until
+        it takes some."""
         if pieces:
             piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._pieces.append(piece)

@@ -73,21 +73,13 @@ class _PerClassAndReplica:
 
 
 class DataplaneMetrics:
+    """The dataplane's metrics in their own registry, every label's child made up front where
+    its values are known (routes, outcomes, classes, the replicas configured)."""
+
     def __init__(self, replicas: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
         replicas = tuple(replicas)
-        turns = Counter(
-            "luftpause_dataplane_turns",
-            "Turns through the dataplane, by route, by how they ended and by service class.",
-            ["route", "outcome", "class"],
-            registry=self.registry,
-        )
-        self._turns = {
-            (r, o, c): turns.labels(route=r, outcome=o, **{"class": c})
-            for r in ROUTES
-            for o in OUTCOMES
-            for c in (*CLASSES, UNKNOWN_CLASS)
-        }
+        self._turns = self._turns_by_label()
         self.in_flight = Gauge(
             "luftpause_dataplane_turns_in_flight",
             "Turns placed on a replica whose reply has not ended yet.",
@@ -116,6 +108,32 @@ class DataplaneMetrics:
             _TURN_BUCKETS,
             replicas,
         )
+        self._errors = self._engine_errors(replicas)
+        self._connected = Gauge(
+            "luftpause_dataplane_scheduler_connected",
+            "1 while the scheduler link is resynced and reporting, else 0 (turns are held).",
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
+        self._exposed = self._exposed_registry()
+
+    def _turns_by_label(self) -> dict[tuple[str, str, str], Counter]:
+        """The turns counter's children, made up front for every route, outcome and class."""
+        turns = Counter(
+            "luftpause_dataplane_turns",
+            "Turns through the dataplane, by route, by how they ended and by service class.",
+            ["route", "outcome", "class"],
+            registry=self.registry,
+        )
+        return {
+            (r, o, c): turns.labels(route=r, outcome=o, **{"class": c})
+            for r in ROUTES
+            for o in OUTCOMES
+            for c in (*CLASSES, UNKNOWN_CLASS)
+        }
+
+    def _engine_errors(self, replicas: tuple[str, ...]) -> Counter:
+        """The engine errors counter, its children made up front for the replicas configured."""
         errors = Counter(
             "luftpause_dataplane_engine_errors",
             "Engine requests that went wrong, by kind (http_4xx, http_5xx, unreachable, timeout, "
@@ -123,22 +141,19 @@ class DataplaneMetrics:
             ["kind", "replica"],
             registry=self.registry,
         )
-        self._errors = errors
         for kind in ENGINE_ERRORS:
             for r in replicas:
                 errors.labels(kind, r)
-        self._connected = Gauge(
-            "luftpause_dataplane_scheduler_connected",
-            "1 while the scheduler link is resynced and reporting, else 0 (turns are held).",
-            registry=self.registry,
-            multiprocess_mode="livemin",
-        )
-        # What `/metrics` shows: this process's registry, or every worker's files added up.
+        return errors
+
+    def _exposed_registry(self) -> CollectorRegistry:
+        """What `/metrics` shows: this process's registry, or every worker's files added up."""
         shared_dir = os.environ.get(MULTIPROC_DIR_ENV)
-        self._exposed = self.registry
-        if shared_dir:
-            self._exposed = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self._exposed, shared_dir)  # type: ignore[no-untyped-call]
+        if not shared_dir:
+            return self.registry
+        exposed = CollectorRegistry()
+        multiprocess.MultiProcessCollector(exposed, shared_dir)  # type: ignore[no-untyped-call]
+        return exposed
 
     def scheduler_connected(self, connected: bool) -> None:
         """The scheduler link came up (resynced and streaming) or went down."""

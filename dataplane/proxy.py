@@ -21,13 +21,13 @@ must reach the client as a connection closed before the end, not as a finished r
 Steps 2 to 5 are also what `decide.Decide` runs its turns with.
 
 Beside it: the turn it carries (`turn.ProxiedTurn`), the client's side of the connection
-(`answer`), the engine request (`outgoing`), and the turn's span and metrics (`observe`).
+(`answer`), the engine request (`outgoing`), the turn's span and metrics (`observe`), and its
+reports to the scheduler and the operator together (`report`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -65,10 +65,10 @@ from luftpause.dataplane.errors import (
 )
 from luftpause.dataplane.metrics import UNKNOWN_CLASS, DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.report import TurnReport
 from luftpause.dataplane.run_identity import echoed_tool_call_ids, new_run_id
-from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.dataplane.scheduler_client import SchedulerClient
-from luftpause.dataplane.sse import NotAnEventStream, ReplyObservation, StreamObserver, observe_completion
+from luftpause.dataplane.sse import NotAnEventStream, StreamObserver, observe_completion
 from luftpause.dataplane.turn import ProxiedTurn, request_object, requested_max_tokens
 from luftpause.errors import error_json
 from luftpause.proto import pb
@@ -79,10 +79,6 @@ ENGINE_CONNECT_TIMEOUT_S = 2.0
 # Of a turn without a run header, at most this many echoed tool_call_ids (the newest) go to the
 # scheduler: its run is named by its latest reply's, which come first.
 MAX_ECHOED_IDS = 16
-# The most of a failed turn's error text the scheduler is told.
-MAX_ERROR_CHARS = 1000
-# How often a warning that a replica may cause on every turn is logged, at most (per replica).
-WARN_EVERY_S = 60.0
 
 
 P = TypeVar("P")
@@ -119,12 +115,12 @@ class Proxy:
 
     def __init__(self, config: lp_config.Config, token: str | None = None, name: str = "") -> None:
         self.config = config
-        self.runs = RunBook()
         # `name`: this dataplane's, where several share the scheduler (one worker of several).
-        self.scheduler = SchedulerClient(config.dataplane.scheduler, self.runs, token, name)
+        self.scheduler = SchedulerClient(config.dataplane.scheduler, token, name)
         self.metrics = DataplaneMetrics(r.name for r in config.replicas)
         self.scheduler.on_connected = self.metrics.scheduler_connected
         self.observe = TurnObserver(self.metrics)
+        self.report = TurnReport(self.scheduler, self.observe)
         # No overall read timeout on engine requests: a turn takes as long as the engine needs,
         # and admission, not a pool limit, bounds how many go to each engine; only an engine gone
         # silent (before its reply begins, or in the middle of it) is given up on.
@@ -134,18 +130,11 @@ class Proxy:
             first_byte_timeout_s=settings.engine_first_byte_timeout_s or None,
             idle_timeout_s=settings.engine_idle_timeout_s or None,
         )
-        self._pruner: asyncio.Task[None] | None = None
-        self._now_and_then = logs.NowAndThen(WARN_EVERY_S)
 
     async def open(self) -> None:
         await self.scheduler.start()
-        self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")
 
     async def close(self) -> None:
-        if self._pruner is not None:
-            self._pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruner
         await self.scheduler.close()
         await self.engines.close()
 
@@ -223,7 +212,7 @@ class Proxy:
             # The server is stopping and its grace for open turns ran out. The turn ends here,
             # so the task ends normally: the client gets an error it can retry on, not a bare 500.
             if turn.placed and not turn.ended:
-                self.failed(turn, "the dataplane stopped")
+                self.report.failed(turn, "the dataplane stopped")
             if not answer.started:
                 stopping = DataplaneStopping("the dataplane is stopping; send the turn again")
                 if not turn.placed:
@@ -247,21 +236,7 @@ class Proxy:
         """Step 2: held until the scheduler places the turn; None once it was refused or abandoned."""
         asked = time.perf_counter()
         try:
-            placement = await self.scheduler.admit(
-                pb.AdmitRequest(
-                    turn_id=turn.id,
-                    run_id=turn.scheduler_run_id,
-                    service_class=turn.service_class,
-                    caller=turn.caller,
-                    model=turn.model,
-                    kind=turn.kind,
-                    traceparent=turn.traceparent,
-                    echoed_tool_call_ids=turn.echoed,
-                    request_bytes=turn.request_bytes,
-                    max_tokens=turn.max_tokens,
-                ),
-                abandoned=client_left,
-            )
+            placement = await self.scheduler.admit(turn.admit_request(), abandoned=client_left)
         except TurnRefused as refusal:
             self.observe.refused(turn, refusal.message)
             await answer.refuse(refusal)
@@ -277,20 +252,10 @@ class Proxy:
             turn.run_id = placement.run_id
             answer.headers[headers.RUN_ID] = headers.on_the_wire(turn.run_id)
         answer.headers[headers.REPLICA] = placement.replica
-        self.scheduler.placed(
-            PlacedTurn(
-                turn.id,
-                turn.scheduler_run_id,
-                turn.replica,
-                turn.service_class,
-                turn.caller,
-                turn.model,
-                turn.kind,
-            )
-        )
+        self.scheduler.placed(turn.booked())
         if client_left.done():
             # Placed at the moment the client left: the slot must be freed, not left to expire.
-            self.failed(turn, "the client left as the turn was placed")
+            self.report.failed(turn, "the client left as the turn was placed")
             return None
         return placement
 
@@ -330,7 +295,7 @@ class Proxy:
         """A reply read whole: how its turn ended is reported (`ended`); one that is not a JSON
         object is answered with a 502 naming the replica, never passed on. Whether it may be."""
         observation = observe_completion(content)
-        self.ended(turn, observation)
+        self.report.ended(turn, observation)
         if observation.unreadable:
             await answer.refuse(ReplicaUnreadable(turn.replica, observation.unreadable))
             return False
@@ -341,13 +306,13 @@ class Proxy:
     ) -> EngineResponse | None:
         """Sends the engine request; the response with its body still to read, or None when the
         turn already ended here (the client left, or the engine could not be reached: a 502)."""
-        self.started(turn)
+        self.report.started(turn)
         try:
             response = await unless_client_leaves(self.engines.post(request), client_left)
             self.observe.engine_answered(turn)
             return response
         except ClientLeft:
-            self.failed(turn, "the client left before the engine answered")
+            self.report.failed(turn, "the client left before the engine answered")
         except EngineError as e:
             await self._engine_unreachable(turn, answer, e)
         return None
@@ -377,7 +342,7 @@ class Proxy:
         try:
             return await unless_client_leaves(upstream.read(), client_left)
         except ClientLeft:
-            self.failed(
+            self.report.failed(
                 turn, f"engine answered {upstream.status_code}; the client left before the reply was read"
             )
         except EngineError as e:
@@ -393,7 +358,7 @@ class Proxy:
             return
         server_error = upstream.status_code >= 500
         self.observe.engine_error(turn, "http_5xx" if server_error else "http_4xx")
-        self.failed(
+        self.report.failed(
             turn,
             f"engine answered {upstream.status_code}: {content[:200].decode(errors='replace')}",
             replica_fault=server_error,
@@ -424,7 +389,7 @@ class Proxy:
             observation = observer.close()
         except ClientLeft:
             # Closing the engine request (on the way out of _chat) stops its generation.
-            self.failed(turn, "the client left mid-stream")
+            self.report.failed(turn, "the client left mid-stream")
             return
         except NotAnEventStream as error:
             log.warning(
@@ -453,7 +418,7 @@ class Proxy:
             # The last line, had it no line break.
             await answer.send_chunk(tail)
         await answer.finish()
-        self.ended(turn, observation)
+        self.report.ended(turn, observation)
 
     async def _pump(
         self,
@@ -466,7 +431,7 @@ class Proxy:
         """The engine's stream on to the client as it comes, read on the side by `observer`."""
         async for chunk in upstream.iter_body():
             if observer.feed(chunk):
-                self.first_token(turn)
+                self.report.first_token(turn)
             if hide_usage:
                 chunk = observer.take()
                 if not chunk:
@@ -489,7 +454,7 @@ class Proxy:
         left unfinished (with an error event first, `error_event`), so that the connection closes
         without the final chunk, which is how the client learns the reply is lost."""
         self.observe.engine_error(turn, kind)
-        self.failed(turn, error or refusal.message, replica_fault=True)
+        self.report.failed(turn, error or refusal.message, replica_fault=True)
         if not answer.started:
             await answer.refuse(refusal)
             return
@@ -503,88 +468,8 @@ class Proxy:
         timed_out = isinstance(error, EngineTimedOut)
         self.observe.engine_error(turn, "timeout" if timed_out else "unreachable")
         refusal = (ReplicaTooSlow if timed_out else ReplicaUnreachable)(turn.replica, error)
-        self.failed(turn, refusal.message, replica_fault=True)
+        self.report.failed(turn, refusal.message, replica_fault=True)
         await answer.refuse(refusal)
-
-    # -- reporting: what happened to a turn, told to the scheduler and counted in the metrics --
-
-    def started(self, turn: ProxiedTurn) -> None:
-        """The engine request goes out now."""
-        self.scheduler.started(turn.id, turn.scheduler_run_id, turn.streamed)
-        turn.sent_at = time.perf_counter()
-
-    def first_token(self, turn: ProxiedTurn) -> None:
-        """The engine's first token reached us (once a turn, streamed or not)."""
-        if turn.first_token_seen:
-            return
-        turn.first_token_seen = True
-        self.observe.first_token(turn, time.perf_counter() - turn.sent_at)
-        self.scheduler.first_token(turn.id, turn.scheduler_run_id)
-
-    def failed(self, turn: ProxiedTurn, error: str, replica_fault: bool = False) -> None:
-        """The turn ended in `error`; `replica_fault`: the replica's doing (it could not be reached,
-        broke off, sent what is not a reply, or answered 5xx), which counts toward ejecting it
-        (scheduler/outliers.py), unlike a client that left or a request the engine refused."""
-        if not turn.ended:
-            turn.ended = True
-            # The error may quote the engine: any text, any length; the report carries it readable and bounded.
-            error = error[:MAX_ERROR_CHARS].encode("utf-8", "replace").decode("utf-8")
-            self.observe.failed(turn, error)
-            self.scheduler.failed(turn.id, turn.scheduler_run_id, error, replica_fault)
-
-    def ended(self, turn: ProxiedTurn, observation: ReplyObservation) -> None:
-        """A reply that came back whole: completed (its first token first, if not told yet), or
-        failed when the engine said it failed.
-
-        A usage out of range (`luftpause.counts`) is reported as none (the scheduler then sizes
-        the run as before its usage was known) and logged once a minute per replica. A report
-        that cannot be made for any other reason (something in the reply no message can carry)
-        ends the turn failed instead, so that its slot is freed now and not at the turn timeout.
-        """
-        if observation.error:
-            self.observe.engine_error(turn, "reply_error")
-            self.failed(turn, f"engine {turn.replica}: {observation.error}")
-            return
-        if observation.unreadable:
-            self.observe.engine_error(turn, "unreadable")
-            self.failed(turn, f"engine {turn.replica}: {observation.unreadable}", replica_fault=True)
-            return
-        if observation.bad_usage and self._now_and_then.due(("usage", turn.replica)):
-            log.warning(
-                "engine %s sent a usage out of range (%s); counted as no usage (logged once a minute per replica)",
-                turn.replica,
-                observation.bad_usage,
-            )
-        if turn.ended:
-            return
-        try:
-            if observation.first_token:
-                self.first_token(turn)
-            self.scheduler.completed(
-                turn.id,
-                turn.scheduler_run_id,
-                observation.finish_reason,
-                observation.prompt_tokens,
-                observation.completion_tokens,
-                observation.tool_call_ids,
-                observation.tool_names,
-            )
-        except Exception as error:
-            if self._now_and_then.due(("report", turn.replica)):
-                log.warning(
-                    "turn %s on %s: its completion could not be reported (%r); reported failed instead "
-                    "(logged once a minute per replica)",
-                    turn.id,
-                    turn.replica,
-                    error,
-                )
-            self.failed(
-                turn, f"engine {turn.replica}: its reply could not be reported: {type(error).__name__}"
-            )
-            return
-        if not turn.ended:
-            turn.ended = True
-            self.observe.completed(turn, observation)
 
     # -- helpers --
 
@@ -592,11 +477,6 @@ class Proxy:
         self, turn: ProxiedTurn, placement: pb.AdmitReply, endpoint: str, body: bytes
     ) -> EngineRequest:
         return outgoing.engine_request(self.config, turn, placement, endpoint, body)
-
-    async def _prune_forever(self) -> None:
-        while True:
-            await asyncio.sleep(PRUNE_PERIOD_S)
-            self.runs.prune()
 
 
 TurnWork = Callable[[pb.AdmitReply, "asyncio.Future[None]"], Awaitable[None]]

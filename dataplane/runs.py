@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from luftpause.lifecycle import (
     RUN_IDLE_EXPIRY_S,
     EndedRuns,
-    Phase,
     forgotten,
     keeps_run_state,
     pauses_run,
     phase_after_turn,
 )
-from luftpause.proto import pb
+from luftpause.proto import PHASE_NUMBERS, pb
 
-_PB_PHASES = {Phase.IDLE: pb.IDLE, Phase.GENERATING: pb.GENERATING, Phase.PAUSED: pb.PAUSED}
 # How often runs past the idle expiry are let go.
 PRUNE_PERIOD_S = 60.0
 # Each Resync message stays under this, a quarter of gRPC's default message limit.
@@ -106,7 +104,7 @@ class RunBook:
             run.tool_call_ids = tuple(completed.tool_call_ids)
         paused = completed is not None and pauses_run(completed.finish_reason, completed.tool_call_ids)
         phase = phase_after_turn(paused, others_running=bool(self._turn_count.get(run.run_id)))
-        run.phase = _PB_PHASES[phase]
+        run.phase = PHASE_NUMBERS[phase]
 
     def forget_run(self, run_id: str) -> None:
         # Its turns still in flight stay: they hold engine slots until they are reported done.

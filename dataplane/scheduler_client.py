@@ -5,23 +5,16 @@ on it. What is ready goes out in one message whenever the stream is free to writ
 nothing waits for a batch to fill and a busy dataplane sends one message for many turns (several
 when more than `MAX_BATCH_ITEMS` are ready, the most the scheduler takes in one).
 
-Not every event is worth a message of its own. How soon each must reach the scheduler is its
-`Urgency`: a turn that pauses its run on a tool goes at once (the run's next turn may reach
-another dataplane and must find the run there), and so does a failed one (rare, and what a
-client retries on); an event that frees room or confirms a turn
-goes at once while the scheduler holds a turn somewhere (a decision may wait on it) or this
-dataplane waits for an admission; otherwise it rides with the next message, or goes after
-`RIDE_AT_MOST_S` if none comes. Each message from the scheduler says whether it holds any turn
-(`nothing_held`); until the first one says so, everything goes at once. So a quiet stack costs
-one message each way per turn, and a busy one reports as promptly as before.
+Not every event is worth a message of its own: how soon each goes is its urgency, and what
+waits for the next message waits in the `outbox.Outbox`.
 
 The scheduler may be down or restarting at any moment:
 
 - a turn waiting for admission stays waiting in the dataplane while the scheduler is away, and
   is admitted again under the same turn id on the next stream;
 - when the stream breaks, it is reopened a second later, and before that Resync replaces the
-  scheduler's view of runs and turns in flight with the dataplane's own (`runs.RunBook`), which
-  every reported event has also updated.
+  scheduler's view of runs and turns in flight with the dataplane's own (`runs.RunBook`, this
+  client's alone), which every reported event has also updated.
 
 Events still queued when the stream broke are dropped rather than resent: the resync already
 carries their effect.
@@ -31,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import socket
 from collections.abc import Callable, Sequence
@@ -41,17 +33,15 @@ import grpc.aio
 
 from luftpause import config as lp_config
 from luftpause.dataplane.errors import SchedulerFailed, UnknownModel
+from luftpause.dataplane.outbox import Outbox
 from luftpause.dataplane.reservations import ReservationPool
-from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.dataplane.runs import PRUNE_PERIOD_S, PlacedTurn, RunBook
 from luftpause.errors import no_replica_serves
-from luftpause.lifecycle import pauses_run
 from luftpause.proto import DATAPLANE_KEY, MAX_BATCH_ITEMS, pb, rpc
 
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 1.0
-# The longest an event no decision waits on stays in the dataplane before it goes out on its own.
-RIDE_AT_MOST_S = 0.02
 # A scheduler that takes the connection but never answers the resync is treated as unreachable.
 RESYNC_TIMEOUT_S = 10.0
 
@@ -81,20 +71,18 @@ def dataplane_name(settings: lp_config.DataplaneSettings, worker: int | None = N
     return base if worker is None else f"{base}/{worker}"
 
 
-class Urgency(enum.IntEnum):
-    """How soon an event must reach the scheduler (see the module docstring)."""
-
-    RIDES = 0  # no decision waits on it: it goes with the next message
-    WHILE_HELD = 1  # a held turn may wait on it: at once while the scheduler holds any
-    NOW = 2  # at once, always
-
-
 class SchedulerClient:
     """One connection to the scheduler; open with `start()`, close with `close()`."""
 
-    def __init__(self, target: str, runs: RunBook, token: str | None = None, name: str = "") -> None:
+    def __init__(
+        self, target: str, token: str | None = None, name: str = "", runs: RunBook | None = None
+    ) -> None:
         self._target = target
-        self.runs = runs
+        # The run book is this client's alone: what it reports and what the scheduler says change
+        # it, its resyncs read it, and it forgets quiet runs (`_prune_forever`). `runs`: a book
+        # to start from (a test's, filled beforehand), else an empty one.
+        self.runs = RunBook() if runs is None else runs
+        self._pruner: asyncio.Task[None] | None = None
         # The scheduler's gRPC port takes only calls carrying the token (scheduler/grpc_auth.py); the
         # name (`dataplane_name`) scopes this dataplane's resync where several share the scheduler.
         metadata = []
@@ -107,14 +95,10 @@ class SchedulerClient:
         self._stub: rpc.SchedulerStub | None = None
         # Turns waiting for their placement, by turn id: re-admitted on every new stream.
         self._pending: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
-        # What the current stream is to carry next, and the writer's wake-up.
-        self._outbox: list[pb.DataplaneItem] = []
-        self._wake = asyncio.Event()
-        # What the scheduler last said: it holds no turn, so events may ride (`Urgency`).
-        self._nothing_held = False
+        # What the current stream is to carry next, and when.
+        self._outbox = Outbox()
         # Reservations the scheduler granted on the current stream.
         self._reservations = ReservationPool()
-        self._ride_timer: asyncio.TimerHandle | None = None
         self._synced = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] | None = None
         self._stream_task: asyncio.Task[None] | None = None
@@ -131,14 +115,21 @@ class SchedulerClient:
         self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
         self._stub = rpc.SchedulerStub(self._channel)
         self._stream_task = asyncio.create_task(self._keep_streaming(), name="scheduler-stream")
+        self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")
 
     async def close(self) -> None:
-        if self._stream_task is not None:
-            self._stream_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._stream_task
+        for task in (self._pruner, self._stream_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._channel is not None:
             await self._channel.close(grace=None)
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_PERIOD_S)
+            self.runs.prune()
 
     # -- admission --
 
@@ -202,7 +193,7 @@ class SchedulerClient:
         once, so that the scheduler, seeing the room again, grants more while the last one still
         serves the next turn.
         """
-        if not self._nothing_held or self._pending:
+        if not self._outbox.nothing_held or self._pending:
             return None
         if request.kind != pb.GENERATIVE or request.echoed_tool_call_ids or not request.run_id:
             return None
@@ -213,7 +204,7 @@ class SchedulerClient:
         if reservation is None:
             return None
         used = pb.ReservationUsed(reservation_id=reservation.id, replica=reservation.replica, admit=request)
-        self._send(pb.DataplaneItem(reservation_used=used), Urgency.RIDES)
+        self._send(pb.DataplaneItem(reservation_used=used))
         return pb.AdmitReply(
             outcome=pb.AdmitReply.PLACED,
             replica=reservation.replica,
@@ -241,8 +232,7 @@ class SchedulerClient:
         abandoned, wherever it is (held, or placed with a reply we will never read)."""
         if self._pending.pop(request.turn_id, None) is not None:
             self.report(
-                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned()),
-                Urgency.NOW,
+                pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, abandoned=pb.TurnAbandoned())
             )
 
     def _placed(self, placement: pb.Placement) -> None:
@@ -260,11 +250,8 @@ class SchedulerClient:
         self.runs.placed(turn)
 
     def started(self, turn_id: str, run_id: str, streamed: bool) -> None:
-        """The engine request went out. For a streamed reply the scheduler learns nothing from
-        this that the first token will not say (admission.py), so it rides with the next event;
-        a reply read whole is confirmed by its end, which the core times from this."""
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted(streamed=streamed)),
-                    Urgency.RIDES if streamed else Urgency.WHILE_HELD)  # fmt: skip
+        """The engine request went out."""
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted(streamed=streamed)))
 
     def first_token(self, turn_id: str, run_id: str) -> None:
         self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken()))
@@ -286,48 +273,28 @@ class SchedulerClient:
             tool_call_ids=tool_call_ids,
             tool_names=tool_names,
         )
-        # A reply that pauses its run: the run's next turn may reach another dataplane first.
-        urgency = Urgency.NOW if pauses_run(finish_reason, tool_call_ids) else Urgency.WHILE_HELD
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed), urgency)
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, completed=completed))
 
     def failed(self, turn_id: str, run_id: str, error: str, replica_fault: bool = False) -> None:
-        # Rare, and what a client retries on: the scheduler has it before the retry comes.
         failed = pb.TurnFailed(error=error, replica_fault=replica_fault)
-        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=failed), Urgency.NOW)
+        self.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=failed))
 
     def run_ended(self, run_id: str) -> None:
         self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
 
-    def report(self, event: pb.TurnEvent, urgency: Urgency = Urgency.WHILE_HELD) -> None:
+    def report(self, event: pb.TurnEvent) -> None:
         """Records the event in the run book and queues it for the scheduler; never blocks.
         It goes out, in order with everything else, as soon as its `urgency` asks."""
         self.runs.apply(event)
-        self._send(pb.DataplaneItem(event=event), urgency)
+        self._send(pb.DataplaneItem(event=event))
 
-    def _send(self, item: pb.DataplaneItem, urgency: Urgency = Urgency.NOW) -> None:
+    def _send(self, item: pb.DataplaneItem) -> None:
+        """Queues `item` for the stream, which carries it as soon as its urgency asks."""
         # While no stream is up, events are carried by the next resync and admissions by the
         # pending turns; neither is kept for the stream.
         if not self._synced.is_set():
             return
-        self._outbox.append(item)
-        if urgency is Urgency.NOW or (
-            urgency is Urgency.WHILE_HELD
-            and (not self._nothing_held or self._pending or self._reservations.running_low)
-        ):
-            self._wake.set()
-        elif self._ride_timer is None:
-            self._ride_timer = asyncio.get_running_loop().call_later(RIDE_AT_MOST_S, self._wake.set)
-
-    def _stop_ride_timer(self) -> None:
-        if self._ride_timer is not None:
-            self._ride_timer.cancel()
-            self._ride_timer = None
-
-    def _told(self, nothing_held: bool) -> None:
-        """The scheduler says whether it holds any turn; once it does, what waited goes out."""
-        self._nothing_held = nothing_held
-        if not nothing_held and self._outbox:
-            self._wake.set()
+        self._outbox.put(item, waiting=bool(self._pending) or self._reservations.running_low)
 
     # -- the stream --
 
@@ -336,13 +303,8 @@ class SchedulerClient:
         fails ends the stream, so that its reader ends too and the stream is opened again."""
         try:
             while True:
-                await self._wake.wait()
-                # What the other turns queue in this turn of the event loop goes in the same message.
-                await asyncio.sleep(0)
-                self._wake.clear()
-                self._stop_ride_timer()
+                items = await self._outbox.take()
                 self._reservations.running_low = False
-                items, self._outbox = self._outbox, []
                 # At most MAX_BATCH_ITEMS a message: the scheduler ends a stream that sends more.
                 for start in range(0, len(items), MAX_BATCH_ITEMS):
                     await call.write(pb.DataplaneBatch(items=items[start : start + MAX_BATCH_ITEMS]))
@@ -371,9 +333,8 @@ class SchedulerClient:
                 if self._synced.is_set():
                     self._synced.clear()
                     self.on_connected(False)
-                self._nothing_held = False
+                self._outbox.close()
                 self._reservations.clear()
-                self._stop_ride_timer()
                 if writer is not None:
                     writer.cancel()
                 if self._call is not None:
@@ -386,7 +347,7 @@ class SchedulerClient:
     ) -> grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch]:
         """Resyncs the scheduler from the run book and opens a new Turns stream on which this
         dataplane takes reservations and admits again the turns still waiting."""
-        self._outbox = []
+        self._outbox.close()
         chunks = self.runs.resync_chunks()
         await stub.Resync(iter(chunks), timeout=RESYNC_TIMEOUT_S, metadata=self._metadata)
         call: grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.SchedulerBatch] = stub.Turns(
@@ -395,11 +356,11 @@ class SchedulerClient:
         self._call = call
         self._reservations.clear()
         # This dataplane takes reservations; then the turns still waiting, under their own ids, in the order they came.
-        self._outbox = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
-        self._outbox += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
+        first = [pb.DataplaneItem(want_reservations=pb.WantReservations())]
+        first += [pb.DataplaneItem(admit=request) for request, _ in self._pending.values()]
+        self._outbox.open(first)
         self._synced.set()
         self.on_connected(True)
-        self._wake.set()
         self._outage_logged = False
         log.info(
             "connected to scheduler at %s (resynced %d runs, %d turns in flight); %d held turns admitted again",
@@ -422,8 +383,8 @@ class SchedulerClient:
             # Runs whose DELETE reached another worker (or dataplane): out of this book.
             for run_id in batch.ended_runs:
                 self.runs.forget_run(run_id)
-            if batch.nothing_held is not self._nothing_held:
-                self._told(batch.nothing_held)
+            if batch.nothing_held is not self._outbox.nothing_held:
+                self._outbox.told(batch.nothing_held)
 
     def _log_broken(self, e: grpc.aio.AioRpcError) -> None:
         if self._synced.is_set():

@@ -1,6 +1,7 @@
-"""A turn as the dataplane carries it from its request to its report (`ProxiedTurn`), and what
-is read off a request's body to make one: the JSON object with its model (`request_object`, for
-every route) and the reply limit it sets (`requested_max_tokens`)."""
+"""A turn as the dataplane carries it from its request to its report (`ProxiedTurn`), with the
+two forms it takes on the way (what the scheduler is asked to admit, what the run book keeps
+once it is placed), and what is read off a request's body to make one: the JSON object with its
+model (`request_object`, for every route) and the reply limit it sets (`requested_max_tokens`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from opentelemetry.trace import Span
 
 from luftpause.dataplane import headers
 from luftpause.dataplane.errors import BadTurnRequest
+from luftpause.dataplane.runs import PlacedTurn
 from luftpause.proto import pb
 
 
@@ -60,6 +62,33 @@ class ProxiedTurn:
     def class_name(self) -> str:
         """Its class as the metrics and spans name it ("interactive", "batch")."""
         return headers.class_name(self.service_class)
+
+    def admit_request(self) -> pb.AdmitRequest:
+        """The turn as the scheduler is asked to admit it (its span's traceparent, once opened)."""
+        return pb.AdmitRequest(
+            turn_id=self.id,
+            run_id=self.scheduler_run_id,
+            service_class=self.service_class,
+            caller=self.caller,
+            model=self.model,
+            kind=self.kind,
+            traceparent=self.traceparent,
+            echoed_tool_call_ids=self.echoed,
+            request_bytes=self.request_bytes,
+            max_tokens=self.max_tokens,
+        )
+
+    def booked(self) -> PlacedTurn:
+        """The turn as the run book keeps it once placed, for a restarted scheduler's resync."""
+        return PlacedTurn(
+            self.id,
+            self.scheduler_run_id,
+            self.replica,
+            self.service_class,
+            self.caller,
+            self.model,
+            self.kind,
+        )
 
 
 # The most an int64 field of the scheduler's messages holds.

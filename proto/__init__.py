@@ -17,5 +17,21 @@ CLASS_BY_NAME: dict[str, "pb.ServiceClass"] = {
     lifecycle.BATCH: pb.BATCH,
 }
 CLASS_NAMES: dict["pb.ServiceClass", str] = {number: name for name, number in CLASS_BY_NAME.items()}
+# A run's phases (lifecycle.Phase) as the wire numbers them in a resync, and back.
+PHASE_NUMBERS: dict[lifecycle.Phase, "pb.RunPhase"] = {
+    lifecycle.Phase.IDLE: pb.IDLE,
+    lifecycle.Phase.GENERATING: pb.GENERATING,
+    lifecycle.Phase.PAUSED: pb.PAUSED,
+}
+PHASES: dict["pb.RunPhase", lifecycle.Phase] = {number: phase for phase, number in PHASE_NUMBERS.items()}
 
-__all__ = ["CLASS_BY_NAME", "CLASS_NAMES", "DATAPLANE_KEY", "MAX_BATCH_ITEMS", "pb", "rpc"]
+__all__ = [
+    "CLASS_BY_NAME",
+    "CLASS_NAMES",
+    "DATAPLANE_KEY",
+    "MAX_BATCH_ITEMS",
+    "PHASES",
+    "PHASE_NUMBERS",
+    "pb",
+    "rpc",
+]

@@ -1,7 +1,8 @@
 """The Turns and Resync messages as the core's vocabulary: a dataplane's admission, turn events and
 resync become core events (`turn_event`, `turn_fields`, `resynced`, each number off the wire
 checked by luftpause/counts.py), and the core's `Place` or `Refuse` becomes the placement the
-dataplane reads (`placement`). The maps between the wire's enums and the core's are here once.
+dataplane reads (`placement`). The maps between the wire's enums and the core's are here once,
+but for the classes' and the phases', which the dataplane reads too (luftpause.proto).
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from typing import Any
 import grpc
 
 from luftpause import counts
-from luftpause.proto import CLASS_NAMES, DATAPLANE_KEY, pb
+from luftpause.proto import CLASS_NAMES, DATAPLANE_KEY, PHASES, pb
 from luftpause.scheduler import events as ev
 from luftpause.scheduler.actions import Place, Refuse
 from luftpause.scheduler.state import Kind, Phase, ServiceClass
 
 CLASSES = {number: ServiceClass(name) for number, name in CLASS_NAMES.items()}
 KINDS = {pb.GENERATIVE: Kind.GENERATIVE, pb.SINGLE_PASS: Kind.SINGLE_PASS}
-PHASES = {pb.IDLE: Phase.IDLE, pb.GENERATING: Phase.GENERATING, pb.PAUSED: Phase.PAUSED}
 
 
 def placement(action: Place | Refuse) -> pb.Placement:

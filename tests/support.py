@@ -428,6 +428,14 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
+class HealthOnly(QuietHandler):
+    """Answers every GET with 200 and an empty body: enough for a replica to pass its first probe
+    (a stand-in that serves nothing after it, as the dataplane tests' "ghost" replica)."""
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        self.answer(200)
+
+
 class LoopbackServer:
     """A stdlib HTTP server for a test's stand-in (a runtime, an engine, a hostile origin) on
     127.0.0.1 (`port` 0: a free one), serving `handler` on a thread of its own until `close`."""

@@ -90,3 +90,11 @@ def test_the_readme_is_a_front_page_and_sends_the_reader_to_every_page() -> None
     assert lines <= FRONT_PAGE_LINES, f"README.md is {lines} lines; move detail under docs/"
     named = {Path(t.partition("#")[0]).name for t in links(README)}
     assert {p.name for p in PAGES} <= named, "a page under docs/ the README never links"
+
+
+def test_the_map_sends_a_newcomer_to_every_module_of_the_scheduler_and_the_dataplane() -> None:
+    page = ROOT / "docs" / "where-things-live.md"
+    named = {(page.parent / t.partition("#")[0]).resolve() for t in links(page)}
+    modules = [p for part in ("scheduler", "dataplane") for p in sorted((ROOT / part).rglob("*.py"))]
+    unnamed = [str(p.relative_to(ROOT)) for p in modules if p.name != "__init__.py" and p not in named]
+    assert not unnamed, "docs/where-things-live.md never names " + ", ".join(unnamed)

@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import statistics
 import subprocess
@@ -71,7 +70,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from luftpause.bench import sglang_router
+from luftpause.bench import cpu, sglang_router, stack_config
 from luftpause.bench.common import Processes, free_port, spread, spread_cell, wait_healthy
 from luftpause.bench.results import cell, tidy_logs
 from luftpause.bench.sim import flood_watch
@@ -82,129 +81,20 @@ from luftpause.fake_engine.params import EngineParams
 
 ROUTER_ARMS = ("router-round-robin", "sglang-cache-aware")
 ARMS = (*ROUTER_ARMS, "luftpause")
-SATURATED = 0.90
 SIZE_TOLERANCE = 0.20
 # Starting and stopping an arm's processes, before the first phase is timed (the progress line's
 # estimate of what is left; replaced by the measured figure after the first arm).
 SETUP_GUESS_S = 10.0
-# The CPU window closes this long before loadgen's deadline, while every process is still there
-# to be read (a process that has exited and been reaped has no /proc entry left).
-CPU_WINDOW_MARGIN_S = 0.5
-
-
-# -- CPU --
-
-
-def _cpu_jiffies(cpus: set[int]) -> tuple[float, float]:
-    """(busy, total) jiffies since boot of the CPUs in `cpus`, from /proc/stat's per-CPU lines.
-
-    Per CPU and not the first line, because a container may see every CPU of its host there
-    while it may run on two of them."""
-    busy = total = 0.0
-    for line in Path("/proc/stat").read_text().splitlines():
-        name, *values = line.split()
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
-            continue
-        # user nice system idle iowait irq softirq steal (guest time is already in user).
-        fields = [float(v) for v in values[:8]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-        busy += sum(fields) - idle
-        total += sum(fields)
-    return busy, total
-
-
-def _cgroup_quota_cores() -> float | None:
-    """The container's CPU quota in cores (cgroup v2 cpu.max), or None when it has none."""
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else float(quota) / float(period)
-
-
-def _cgroup_usage_s() -> float | None:
-    try:
-        for line in Path("/sys/fs/cgroup/cpu.stat").read_text().splitlines():
-            key, value = line.split()
-            if key == "usage_usec":
-                return float(value) / 1e6
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _process_cpu_s(pid: int) -> float | None:
-    """utime + stime of a live process in seconds, or None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
-    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class CpuSnapshot:
-    at: float
-    cpus: tuple[float, float]
-    cgroup_s: float | None
-    processes: dict[str, float | None]
-
-
-def _snapshot(pids: dict[str, int]) -> CpuSnapshot:
-    return CpuSnapshot(
-        at=time.monotonic(),
-        cpus=_cpu_jiffies(os.sched_getaffinity(0)),
-        cgroup_s=_cgroup_usage_s(),
-        processes={name: _process_cpu_s(pid) for name, pid in pids.items()},
-    )
-
-
-def cpu_use(before: CpuSnapshot, after: CpuSnapshot, single_threaded: set[str]) -> dict[str, Any]:
-    """What the window used: the CPUs' busy share, the quota's, each process's cores, and
-    whether (and why) that means the real processes were not keeping up."""
-    wall = max(after.at - before.at, 1e-9)
-    busy = (after.cpus[0] - before.cpus[0]) / max(after.cpus[1] - before.cpus[1], 1.0)
-    quota = _cgroup_quota_cores()
-    quota_share = None
-    if quota and before.cgroup_s is not None and after.cgroup_s is not None:
-        quota_share = (after.cgroup_s - before.cgroup_s) / (wall * quota)
-    cores = {
-        name: round((end - start) / wall, 2)
-        for name, start in before.processes.items()
-        if start is not None and (end := after.processes.get(name)) is not None
-    }
-    reasons = []
-    if busy > SATURATED:
-        reasons.append(f"CPUs {busy:.0%} busy")
-    if quota_share is not None and quota_share > SATURATED:
-        reasons.append(f"CPU quota {quota_share:.0%} used")
-    reasons += [
-        f"{name} at {used:.0%} of a core"
-        for name, used in sorted(cores.items())
-        if name in single_threaded and used > SATURATED
-    ]
-    return {
-        "cpu_busy": round(busy, 3),
-        "cpu_quota_used": None if quota_share is None else round(quota_share, 3),
-        "process_cores": cores,
-        "saturated": bool(reasons),
-        "saturation": "; ".join(reasons) or None,
-    }
 
 
 def _config(directory: Path, engines: list[int], grpc: int, status: int, dataplane: int) -> Path:
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "fake-{chr(ord("a") + i)}"\nurl = "http://127.0.0.1:{port}"\n'
-        f'models = ["{DEFAULT_MODEL}"]\nengine_priority = "sglang"\n'
+    replicas = [
+        stack_config.replica(f"fake-{chr(ord('a') + i)}", port, [DEFAULT_MODEL], engine_priority="sglang")
         for i, port in enumerate(engines)
+    ]
+    return stack_config.write(
+        directory, stack_config.stack(grpc=grpc, status=status, dataplane=dataplane, replicas=replicas)
     )
-    path = directory / "luftpause.toml"
-    path.write_text(
-        f"[scheduler]\ngrpc_port = {grpc}\nstatus_port = {status}\n\n"
-        f'[dataplane]\nport = {dataplane}\nscheduler = "127.0.0.1:{grpc}"\n{replicas}'
-    )
-    return path
 
 
 def engine_params(kv_pool_tokens: int) -> EngineParams:
@@ -337,8 +227,8 @@ def real_arm(
         time.sleep(args.warmup_s)  # the window starts with loadgen's own count, not before
         procs.check_alive()
         say.line(f"{label}: window {args.window_s:g} s")
-        before = _snapshot(pids)
-        window_end = loads_started + args.warmup_s + args.window_s - CPU_WINDOW_MARGIN_S
+        before = cpu.snapshot(pids)
+        window_end = loads_started + args.warmup_s + args.window_s - cpu.WINDOW_MARGIN_S
         if arm == "luftpause":
             metrics_url = f"http://127.0.0.1:{front}/metrics"
             start_histograms = flood_watch.scrape(metrics_url)
@@ -359,7 +249,7 @@ def real_arm(
             )
             flood["status"] = sampler.stop()
             sampler = None
-        after = _snapshot(pids)
+        after = cpu.snapshot(pids)
         outputs = {cls: p.communicate() for cls, p in loads.items()}
         summaries = {}
         for cls, (out, _) in outputs.items():
@@ -384,7 +274,7 @@ def real_arm(
         "interactive_runs_per_min": per_min("interactive"),
         "batch_runs_per_min": per_min("batch"),
         "errors": sum(s["errors"] for s in summaries.values()),
-        **cpu_use(before, after, single_threaded),
+        **cpu.cpu_use(before, after, single_threaded),
         "summaries": summaries,
         **({"flood": flood} if flood is not None else {}),
     }

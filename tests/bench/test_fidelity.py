@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from luftpause.bench import sglang_router
-from luftpause.bench.sim.fidelity import CpuSnapshot, cpu_use, engine_params, ratios, timing_env, verdict
+from luftpause.bench.cpu import CpuSnapshot, cpu_use
+from luftpause.bench.sim.fidelity import engine_params, ratios, timing_env, verdict
 from luftpause.fake_engine.params import params_from_env
 
 

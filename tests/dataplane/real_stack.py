@@ -34,14 +34,14 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import Ports, Service, amend_config, free_port, running, wait_until, write_config
+from support import HealthOnly, Ports, Service, amend_config, free_port, running, wait_until, write_config
 
 from luftpause.fake_engine import scripted
 
@@ -49,18 +49,6 @@ TOKEN = "test-token-0123456789"
 ENGINE_KEY = "engine-key-for-scripted"
 HOSTED_KEY = "hosted-api-key"
 SCRIPTED_ENGINE = Path(scripted.__file__)
-
-
-class _HealthOnly(BaseHTTPRequestHandler):
-    """Answers every GET with 200 and an empty body: enough for a replica to pass its first probe."""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 class ScriptProcess(Service):
@@ -219,7 +207,7 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
     ports = Ports(engines=[])
     scripted_port, busy_port, fake_port, classify_port, hosted_port = (free_port() for _ in range(5))
     certificate = self_signed_certificate(tmp)
-    ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), _HealthOnly)
+    ghost = ThreadingHTTPServer(("127.0.0.1", free_port()), HealthOnly)
     threading.Thread(target=ghost.serve_forever, daemon=True).start()
     replicas = "".join(
         [

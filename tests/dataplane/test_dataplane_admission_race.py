@@ -22,7 +22,7 @@ import grpc.aio
 from support import Ports, until, write_config
 
 from luftpause import config as lp_config
-from luftpause.dataplane.runs import PlacedTurn, RunBook
+from luftpause.dataplane.runs import PlacedTurn
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb, rpc
 from luftpause.scheduler.host import SchedulerHost, SchedulerService
@@ -78,7 +78,7 @@ async def test_a_turn_placed_as_its_client_leaves_is_abandoned_at_the_scheduler(
     host = SchedulerHost(config)
     service = _PlacementsHeldBack(host)
     server, port = await _serve(host, service)
-    client = SchedulerClient(f"127.0.0.1:{port}", RunBook())
+    client = SchedulerClient(f"127.0.0.1:{port}")
     await client.start()
     try:
         await until(lambda: client.connected, what="the client to resync and connect")
@@ -103,8 +103,7 @@ async def test_a_turn_held_when_the_stream_breaks_is_admitted_again_under_its_id
     config = lp_config.load(write_config(tmp_path, Ports()))
     host = SchedulerHost(config)
     server, port = await _serve(host)
-    book = RunBook()
-    client = SchedulerClient(f"127.0.0.1:{port}", book)
+    client = SchedulerClient(f"127.0.0.1:{port}")
     await client.start()
     never: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     admissions: dict[str, asyncio.Task[pb.AdmitReply | None]] = {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -176,10 +175,11 @@ def test_engine_refusing_at_once_passes_status_body_and_retry_after(
 def test_unknown_model_is_a_404_at_once_without_any_turn(real_stack: RealStack):
     refused = real_stack.turns_counted("chat", "refused")
     runs = real_stack.status()["runs"]["count"]
-    started = time.monotonic()
+    # Refused before queueing, not held: a held turn waits for a replica that never comes until
+    # the client's timeout ends the request, so the 404 answering it at all says so, and the
+    # scheduler never counted a run for it (below); no bound on the clock is needed.
     with real_stack.client() as client:
         r = client.post("/v1/chat/completions", json=_body("no-such-model", _tag(), stream=False))
-    assert time.monotonic() - started < 5.0, "refused before queueing, not held"
     assert r.status_code == 404
     assert r.json() == {"error": {"message": "no Generative replica serves model 'no-such-model'"}}
     assert r.headers["x-luftpause-run-id"]

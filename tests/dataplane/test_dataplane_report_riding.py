@@ -1,5 +1,5 @@
 """When a turn's events reach the scheduler: at once where a decision may wait on them, else with
-the dataplane's next message (dataplane/scheduler_client.py, `Urgency`).
+the dataplane's next message (dataplane/outbox.py, `Urgency`).
 
 The real scheduler host behind real gRPC on loopback, and the dataplane's own scheduler client;
 a second client plays a second dataplane. What a user must see:
@@ -24,8 +24,7 @@ import pytest
 from support import Ports, until, write_config
 
 from luftpause import config as lp_config
-from luftpause.dataplane import scheduler_client
-from luftpause.dataplane.runs import RunBook
+from luftpause.dataplane import outbox
 from luftpause.dataplane.scheduler_client import SchedulerClient
 from luftpause.proto import pb, rpc
 from luftpause.scheduler.host import SchedulerHost, SchedulerService
@@ -68,7 +67,7 @@ def _request(turn_id: str, run_id: str) -> pb.AdmitRequest:
 
 
 async def _client(port: int, name: str = "") -> SchedulerClient:
-    client = SchedulerClient(f"127.0.0.1:{port}", RunBook(), name=name)
+    client = SchedulerClient(f"127.0.0.1:{port}", name=name)
     await client.start()
     await until(lambda: client.connected, what=f"dataplane {name or '1'} to resync and connect")
     return client
@@ -113,7 +112,7 @@ async def _turn(client: SchedulerClient, turn_id: str, run_id: str, finish: str 
 @pytest.fixture
 def events_never_ride_out_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """An event left to ride waits a minute for company: a test that needs it sooner fails."""
-    monkeypatch.setattr(scheduler_client, "RIDE_AT_MOST_S", 60.0)
+    monkeypatch.setattr(outbox, "RIDE_AT_MOST_S", 60.0)
 
 
 async def test_on_a_quiet_stack_a_turns_events_ride_with_the_next_admission(
@@ -146,7 +145,7 @@ async def test_a_last_turns_end_reaches_the_scheduler_on_its_own_soon(tmp_path: 
         await until(
             # (A reservation the dataplane holds is no turn: `placed()` leaves them out.)
             lambda: not host.state.placed() and not host.state.held(),
-            timeout_s=scheduler_client.RIDE_AT_MOST_S + 2.0,
+            timeout_s=outbox.RIDE_AT_MOST_S + 2.0,
             what="the turn to leave the scheduler's books with nothing after it",
         )
     finally:
@@ -187,3 +186,25 @@ async def test_a_reply_that_pauses_its_run_reaches_the_scheduler_at_once(
     finally:
         await client.close()
         await server.stop(grace=None)
+
+
+def test_every_item_and_turn_event_has_its_urgency() -> None:
+    """A new kind of item or event cannot go out without its urgency being said: every one the
+    contract has gets one, and a turn's start and end get theirs from what they say."""
+    urgency, Urgency = outbox.urgency, outbox.Urgency
+    for field in pb.DataplaneItem.DESCRIPTOR.oneofs_by_name["item"].fields:
+        if field.name != "event":
+            value = "r-1" if field.type == field.TYPE_STRING else getattr(pb, field.message_type.name)()
+            assert isinstance(urgency(pb.DataplaneItem(**{field.name: value})), Urgency), field.name
+    for field in pb.TurnEvent.DESCRIPTOR.oneofs_by_name["event"].fields:
+        event = pb.TurnEvent(turn_id="t", run_id="r", **{field.name: getattr(pb, field.message_type.name)()})
+        assert isinstance(urgency(pb.DataplaneItem(event=event)), Urgency), field.name
+
+    def of(**event: object) -> object:
+        return urgency(pb.DataplaneItem(event=pb.TurnEvent(turn_id="t", run_id="r", **event)))
+
+    assert of(started=pb.TurnStarted(streamed=True)) is Urgency.RIDES
+    assert of(started=pb.TurnStarted(streamed=False)) is Urgency.WHILE_HELD
+    assert of(completed=pb.TurnCompleted(finish_reason="tool_calls", tool_call_ids=["c"])) is Urgency.NOW
+    assert of(completed=pb.TurnCompleted(finish_reason="stop")) is Urgency.WHILE_HELD
+    assert of(failed=pb.TurnFailed(error="x")) is Urgency.NOW

@@ -62,7 +62,7 @@ async def test_a_resync_over_grpcs_message_limit_reaches_the_scheduler(tmp_path:
     rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    client = SchedulerClient(f"127.0.0.1:{port}", book)
+    client = SchedulerClient(f"127.0.0.1:{port}", runs=book)
     await client.start()
     try:
         await until(lambda: client.connected, timeout_s=30, what="the dataplane to resync and connect")

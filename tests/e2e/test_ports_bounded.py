@@ -5,8 +5,8 @@ port's bounds), each section with short bounds: 2 s for a request head and for i
 connections. What a client must see on each port: heads trickled a byte at a time and bodies
 trickled after a whole head are answered 408 naming the key, and closed, within the bound; with
 the port full of idle connections, `GET /status` (the dataplane's `/health`) on a new connection
-is answered within a second, the connection waiting longest for a head closed with a 503 to make
-room; with every connection in the middle of a request, a new one is answered 503 at once. The
+is answered before an idle one's own timeout could make room, the connection waiting longest for
+a head closed with a 503 to make room; with every connection in the middle of a request, a new one is answered 503 at once. The
 runtime refuses a body over `[runtime] max_body_bytes` with the JSON error naming the key. A
 scheduler whose descriptor table is full logs the failing accept() once a second, not once a
 failure (luftpause/http_server.py has the rules).
@@ -32,8 +32,10 @@ from luftpause.bench import stack_config
 
 TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 30
-# How long past a deadline the server may take to close (a loaded test machine).
-SLACK_S = 1.5
+# How long past a deadline the server may take to close, on a loaded test machine: the bound
+# told apart from none at all (the trickling connections are watched for TIMEOUT_S + 10 s, and
+# without the bound they stay open), the 408 naming the key saying which bound closed them.
+SLACK_S = 5.0
 
 
 class _Stack:
@@ -167,7 +169,9 @@ def test_a_port_full_of_idle_connections_still_answers_the_operator(stack: _Stac
             asked = time.monotonic()
             r = httpx.get(f"http://127.0.0.1:{port}{route}", timeout=5)
             assert r.status_code == 200
-            assert time.monotonic() - asked < 1.0
+            # Answered by making room, not by waiting for an idle connection's own header
+            # timeout to free some (that it was made, the oldest's 503 below shows).
+            assert time.monotonic() - asked < TIMEOUT_S
         # The first asking made room by closing the connection waiting longest, the first opened.
         closed = _watch(idle[:1], time.monotonic() + 0.5)
     finally:

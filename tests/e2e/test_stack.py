@@ -10,7 +10,6 @@ import json
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,16 +165,20 @@ def test_openai_client_streams_and_a_continuation_stays_on_its_replica(stack: St
 
 
 def test_unknown_model_is_refused_at_once(stack: Stack) -> None:
-    started = time.monotonic()
-    r = httpx.post(
-        f"{stack.openai_base}/chat/completions",
-        json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
-        timeout=10,
-    )
-    elapsed = time.monotonic() - started
+    # A held turn waits until a replica takes it or its client leaves, and no replica will take
+    # this one: had it queued, this client would be waiting still when its timeout came. So an
+    # answer at all, the 404 naming the model, is the refusal at its arrival, however loaded the
+    # machine (a bound on the clock told nothing more, and failed when the machine was slow).
+    try:
+        r = httpx.post(
+            f"{stack.openai_base}/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+    except httpx.TimeoutException:
+        pytest.fail("no answer in 30 s: the turn of a model no replica serves was held, not refused")
     assert r.status_code == 404
     assert "no-such-model" in r.json()["error"]["message"]
-    assert elapsed < 1.0, f"took {elapsed:.2f} s: an unknown model must not queue"
 
 
 def test_a_child_that_dies_is_restarted_and_reported(stack: Stack) -> None:

@@ -8,7 +8,6 @@ tests also cover stdio tool servers. Each approval test forces the destructive t
 
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -534,9 +533,9 @@ async def test_await_all_returns_early_only_to_say_which_runs_need_the_user(runt
 
 async def test_spawn_refuses_an_unknown_model_and_bad_values_at_once_in_one_sentence(runtime):
     async with Client(runtime.url) as client:
-        started = time.monotonic()
+        # At once: spawn itself refuses (one that took the run would return its handle, and the
+        # run fail later), naming what the pool serves; no bound on the clock is needed.
         unknown = await error_of(client, "spawn", task="hello", model="gpt-nope")
-        assert time.monotonic() - started < 5
         assert unknown == (
             "Error executing tool spawn: unknown model 'gpt-nope': the pool serves 'fake-llama'; "
             "name one of them, or omit model for the default ('fake-llama')."

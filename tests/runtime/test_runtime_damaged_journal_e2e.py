@@ -129,6 +129,8 @@ async def test_a_damaged_journal_neither_stops_nor_spins_the_runtime_nor_runs_a_
             before, started = cpu_seconds(runtime.proc.pid), time.monotonic()
             await asyncio.sleep(CPU_WINDOW_S)  # the window CPU time is measured over, not a wait
             share = (cpu_seconds(runtime.proc.pid) - before) / (time.monotonic() - started)
+            # The runtime's own CPU time, which other processes' load can only lower (a spinning
+            # one gets less of a core on a busy machine), never raise: no flake from a slow machine.
             assert share < 0.25, f"the idle runtime used {share:.0%} of a core"
 
             again = await client.call_tool("status", {"handle": FINISHED})

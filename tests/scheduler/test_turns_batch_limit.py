@@ -3,8 +3,8 @@
 The scheduler applies a message's items one after another without yielding: 100,000 admits in
 one message once froze it for 11 s, its status port included. A real scheduler process here
 gets, from a raw gRPC client, one message of 50,000 admits: the call ends with
-RESOURCE_EXHAUSTED naming the limit, none of it is applied, and `GET /status` answers within
-1 s all along. A message of exactly the limit is taken.
+RESOURCE_EXHAUSTED naming the limit, none of it is applied, and `GET /status` answers all along,
+each time well within the stall applying it would cause. A message of exactly the limit is taken.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from support import Ports, Service, free_port, running, wait_until, write_config
 from luftpause.proto import MAX_BATCH_ITEMS, pb, rpc
 
 OVERSIZED = 50_000
+# The longest GET /status may take meanwhile: applied, OVERSIZED admits would stall the port for
+# about 5 s (100,000 froze it for 11 s), and nothing applied (the held count, below) says why it
+# did not; half that stall leaves a loaded machine its slack and still catches it.
+STATUS_BOUND_S = 2.5
 
 
 @pytest.fixture
@@ -93,7 +97,7 @@ def test_an_oversized_turns_message_is_refused_naming_the_limit_and_status_keeps
     assert (
         f"carried {OVERSIZED} items; at most {MAX_BATCH_ITEMS} a message (MAX_BATCH_ITEMS" in error.details()
     )
-    assert slowest and max(slowest) < 1.0, f"GET /status took up to {max(slowest):.2f} s"
+    assert slowest and max(slowest) < STATUS_BOUND_S, f"GET /status took up to {max(slowest):.2f} s"
     doc = httpx.get(status).json()
     assert doc["held"]["count"] == 0, "nothing of the refused message was applied"
 
