@@ -65,74 +65,59 @@ def _responses(ok: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_CHAT = {
-    "post": {
-        "summary": "One turn of a run: the engine's chat completion, streamed or whole",
-        "operationId": "chat_completions",
-        "parameters": _LUFTPAUSE_HEADERS,
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["model", "messages"],
-                        "properties": {
-                            "model": {"type": "string"},
-                            "messages": {"type": "array", "items": {"type": "object"}},
-                            "stream": {"type": "boolean"},
-                            "max_tokens": {"type": "integer", "minimum": 0},
-                            "tools": {"type": "array", "items": {"type": "object"}},
-                        },
-                    }
-                }
-            },
-        },
-        "responses": _responses(
-            {
-                "description": "the engine's reply, passed through (an engine's own error status too)",
-                "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
-            }
-        ),
+def _turn_route(summary: str, operation_id: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
+    """A POST route a turn comes through: the luftpause headers, a JSON `body` (its schema),
+    `ok` as its 200 and the dataplane's own refusals beside it."""
+    return {
+        "post": {
+            "summary": summary,
+            "operationId": operation_id,
+            "parameters": _LUFTPAUSE_HEADERS,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": _responses(ok),
+        }
     }
-}
 
-_DECIDE = {
-    "post": {
-        "summary": "One quick classification: a single-pass classifier, or a generative model's pick",
-        "operationId": "decide",
-        "parameters": _LUFTPAUSE_HEADERS,
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["model", "input"],
-                        "properties": {
-                            "model": {"type": "string"},
-                            "input": {
-                                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
-                            },
-                            "labels": {
-                                "type": "array",
-                                "items": {"type": "string"},
-                                "minItems": MIN_LABELS,
-                                "maxItems": MAX_LABELS,
-                            },
-                        },
-                    }
-                }
+
+_CHAT = _turn_route(
+    "One turn of a run: the engine's chat completion, streamed or whole",
+    "chat_completions",
+    {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "items": {"type": "object"}},
+            "stream": {"type": "boolean"},
+            "max_tokens": {"type": "integer", "minimum": 0},
+            "tools": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    {
+        "description": "the engine's reply, passed through (an engine's own error status too)",
+        "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
+    },
+)
+
+_DECIDE = _turn_route(
+    "One quick classification: a single-pass classifier, or a generative model's pick",
+    "decide",
+    {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "labels": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": MIN_LABELS,
+                "maxItems": MAX_LABELS,
             },
         },
-        "responses": _responses(
-            {
-                "description": "the classification (vLLM's /classify shape)",
-                "content": {"application/json": {}},
-            }
-        ),
-    }
-}
+    },
+    {"description": "the classification (vLLM's /classify shape)", "content": {"application/json": {}}},
+)
 
 
 def describe_turn_routes(document: dict[str, Any], turn_path: str, decide_path: str) -> dict[str, Any]:

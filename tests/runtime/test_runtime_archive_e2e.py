@@ -5,8 +5,8 @@ Real processes on loopback: a fake engine standing in for the dataplane, the fak
 
 - `archive.jsonl` holds 5,000 runs (7.5 MB, as a busy week leaves it): `await` on 1,000 of them
   in one call must answer within AWAIT_BOUND_S while `/metrics`, polled all along, answers every
-  time within 0.5 s (each handle used to be a scan of the whole file, on the event loop: 4.2 s,
-  and /metrics stalled 3.9 s);
+  time within METRICS_BOUND_S (each handle used to be a scan of the whole file, on the event loop:
+  4.2 s, and /metrics stalled 3.9 s);
 - `runs.jsonl` holds a tree that finished ten minutes ago, whose root's tool-call budget tripped:
   the start moves it to the archive, and the root still answers with its children, its
   budget's use over the whole subtree, its seconds stopped when the last run ended, and the
@@ -25,8 +25,10 @@ from support import amend_config, call
 from test_runtime_e2e import backends, error_of, make_runtime  # noqa: F401 (backends: the fixture)
 
 ARCHIVED, AWAITED = 5000, 1000
+# The await took 4.2 s and stalled /metrics for 3.9 s when each handle was a scan of the file on
+# the event loop: bounds well under those, with room for a loaded machine.
 AWAIT_BOUND_S = 2.0
-METRICS_BOUND_S = 0.5
+METRICS_BOUND_S = 1.5
 
 
 def _spec(task: str, parent: str | None = None, **budget) -> dict:
