@@ -5,7 +5,9 @@ Every event the dataplane reports to it is applied here too, so this view always
 scheduler would know had it seen every event: each run's last replica, phase, class and caller,
 and each placed turn not yet finished, and the runs ended here lately (`EndedRuns`: a DELETE
 reaches one worker, whose resyncs keep saying so). A run's latest reply's tool_call_ids go too, so that the
-scheduler recognises its next turn by them (scheduler/run_identity.py). After any reconnect, `resync_request` is sent before the
+scheduler recognises its next turn by them (scheduler/run_identity.py), and its latest usage, reply
+limit and tool names, so that its run gate sizes the run and keeps a paused one's place by its
+tool as before the restart. After any reconnect, `resync_request` is sent before the
 Turns stream reopens and before anything is admitted again, split over messages of at most
 1 MiB (`resync_chunks`) so that its size never matters.
 """
@@ -40,6 +42,12 @@ class BookedRun:
     caller: str
     last_activity: float
     tool_call_ids: tuple[str, ...] = ()
+    # Its latest completed turn's usage and reply limit, and the tools that reply called: what
+    # sizes it for the scheduler's run gate, and what a paused run waits for.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    max_tokens: int = 0
+    tool_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,8 @@ class PlacedTurn:
     caller: str
     model: str
     kind: pb.ReplicaKind = pb.GENERATIVE
+    max_tokens: int = 0
+    """The reply limit its request set (0: none)."""
 
 
 class RunBook:
@@ -96,12 +106,17 @@ class RunBook:
             run.last_activity = now
         if kind not in ("completed", "failed", "abandoned"):
             return
-        self._finish(event.turn_id)
+        turn = self._finish(event.turn_id)
         if run is None:
             return
         completed = event.completed if kind == "completed" else None
         if completed is not None and completed.tool_call_ids:
             run.tool_call_ids = tuple(completed.tool_call_ids)
+        if completed is not None and completed.prompt_tokens > 0:
+            run.prompt_tokens, run.completion_tokens = completed.prompt_tokens, completed.completion_tokens
+            run.max_tokens = turn.max_tokens if turn is not None else 0
+        if completed is not None:
+            run.tool_names = tuple(completed.tool_names)
         paused = completed is not None and pauses_run(completed.finish_reason, completed.tool_call_ids)
         phase = phase_after_turn(paused, others_running=bool(self._turn_count.get(run.run_id)))
         run.phase = PHASE_NUMBERS[phase]
@@ -137,6 +152,10 @@ class RunBook:
                     caller=r.caller,
                     idle_s=max(0.0, now - r.last_activity),
                     tool_call_ids=r.tool_call_ids,
+                    prompt_tokens=r.prompt_tokens,
+                    completion_tokens=r.completion_tokens,
+                    max_tokens=r.max_tokens,
+                    tool_names=r.tool_names,
                 )
                 for r in self.runs.values()
             ],
@@ -161,7 +180,8 @@ class RunBook:
         """`resync_request` split into messages of at most about `max_bytes` each (one at least)."""
         return split_resync(self.resync_request(now), max_bytes)
 
-    def _finish(self, turn_id: str) -> None:
+    def _finish(self, turn_id: str) -> PlacedTurn | None:
+        """The turn is no longer in flight; returns it as it was booked (None: not booked)."""
         turn = self.turns.pop(turn_id, None)
         if turn is not None and _in_run_state(turn):
             left = self._turn_count[turn.run_id] - 1
@@ -169,6 +189,7 @@ class RunBook:
                 self._turn_count[turn.run_id] = left
             else:
                 del self._turn_count[turn.run_id]
+        return turn
 
 
 def split_resync(request: pb.ResyncRequest, max_bytes: int = RESYNC_CHUNK_BYTES) -> list[pb.ResyncRequest]:

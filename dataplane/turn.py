@@ -88,6 +88,7 @@ class ProxiedTurn:
             self.caller,
             self.model,
             self.kind,
+            self.max_tokens,
         )
 
 

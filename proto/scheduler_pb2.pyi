@@ -209,7 +209,7 @@ class SchedulerBatch(_message.Message):
     def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., nothing_held: _Optional[bool] = ..., reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ..., revoked: _Optional[_Iterable[str]] = ..., ended_runs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s", "tool_call_ids")
+    __slots__ = ("run_id", "replica", "phase", "service_class", "caller", "idle_s", "tool_call_ids", "prompt_tokens", "completion_tokens", "max_tokens", "tool_names")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,10 @@ class RunState(_message.Message):
     CALLER_FIELD_NUMBER: _ClassVar[int]
     IDLE_S_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     replica: str
     phase: RunPhase
@@ -224,7 +228,11 @@ class RunState(_message.Message):
     caller: str
     idle_s: float
     tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., idle_s: _Optional[float] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    prompt_tokens: int
+    completion_tokens: int
+    max_tokens: int
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., idle_s: _Optional[float] = ..., tool_call_ids: _Optional[_Iterable[str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InFlightTurn(_message.Message):
     __slots__ = ("turn_id", "run_id", "replica", "service_class", "caller", "model", "kind")

@@ -208,6 +208,12 @@ class ResyncedRun:
     service_class: ServiceClass
     caller: str
     idle_s: float = 0.0
+    # Its latest completed turn's usage and reply limit (None: no limit), 0 and 0 when none was
+    # reported; and the tools that reply called, by name.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    max_tokens: int | None = None
+    tool_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,10 @@ def resynced(request: pb.ResyncRequest, at: float, dataplane: str = "") -> ev.Re
                 caller=r.caller,
                 # Not a finite time (NaN, inf, negative): unknown, taken as active just now.
                 idle_s=counts.duration_s(r.idle_s) or 0.0,
+                prompt_tokens=counts.token_count(r.prompt_tokens) or 0,
+                completion_tokens=counts.token_count(r.completion_tokens) or 0,
+                max_tokens=counts.token_count(r.max_tokens) or None,
+                tool_names=counts.tool_names(r.tool_names),
             )
             for r in request.runs
         ),

@@ -4,7 +4,7 @@ what other dataplanes sent stays.
 
 from __future__ import annotations
 
-from luftpause.scheduler import admission
+from luftpause.scheduler import admission, gate
 from luftpause.scheduler.actions import Action, Place
 from luftpause.scheduler.core.runs import _hold_until, _rebuild
 from luftpause.scheduler.core.tx import _HELD, _PAUSED, _PLACED, _Tx
@@ -52,11 +52,18 @@ def _runs_after(tx: _Tx, e: Resynced) -> dict[str, Run]:
                 if r.phase is _PAUSED
                 else None,
                 e.dataplane,
+                # Sized by its latest usage as the view has it (0 where none was reported: until
+                # its next report the gate counts it as nothing).
+                gate.measured_working_set(r.prompt_tokens, r.completion_tokens, r.max_tokens)
+                if r.prompt_tokens > 0
+                else 0,
             )
-            # Its size is not in the view (0 until its next usage report); a paused one keeps
-            # its place for its caller's keep time, as if it had just paused.
+            # A paused one keeps its place for its keep time on its tool, as if it had just paused.
+            tool = gate.tool_key(r.tool_names) if r.phase is _PAUSED else ""
             runs[r.run_id] = (
-                run._replace(hold_until=_hold_until(tx, run, e.at, "")) if r.phase is _PAUSED else run
+                run._replace(hold_until=_hold_until(tx, run, e.at, tool), tool=tool)
+                if r.phase is _PAUSED
+                else run
             )
     return runs
 

@@ -141,3 +141,40 @@ def test_ended_runs_are_remembered_up_to_a_bound_oldest_going_first():
     assert not ended.add("run-2", now=50.0)
     ended.prune(now=62.5)
     assert list(ended) == ["run-3", "run-4"]
+
+
+def test_a_resync_carries_each_runs_latest_usage_reply_limit_and_tools():
+    book = RunBook()
+    book.placed(
+        PlacedTurn("t1", "run-1", "fake-a", pb.BATCH, "caller-x", "fake-llama", max_tokens=300), now=1.0
+    )
+    book.apply(
+        pb.TurnEvent(
+            turn_id="t1",
+            run_id="run-1",
+            completed=pb.TurnCompleted(
+                finish_reason="tool_calls",
+                prompt_tokens=2100,
+                completion_tokens=12,
+                tool_call_ids=["call_1"],
+                tool_names=["read_file"],
+            ),
+        ),
+        now=2.0,
+    )
+    (run,) = book.resync_request(now=3.0).runs
+    assert (run.phase, run.prompt_tokens, run.completion_tokens, run.max_tokens) == (pb.PAUSED, 2100, 12, 300)
+    assert list(run.tool_names) == ["read_file"]
+    # Its next turn, set no reply limit and ended without usage: the last usage stands, the limit
+    # is the turn's that reported it, and a reply that called no tool names none.
+    book.placed(_turn("t2"), now=4.0)
+    book.apply(
+        pb.TurnEvent(turn_id="t2", run_id="run-1", completed=pb.TurnCompleted(finish_reason="stop")), now=5.0
+    )
+    (run,) = book.resync_request(now=6.0).runs
+    assert (run.prompt_tokens, run.completion_tokens, run.max_tokens, list(run.tool_names)) == (
+        2100,
+        12,
+        300,
+        [],
+    )

@@ -13,7 +13,8 @@ from scheduler_pool import Pool, placements, spec
 
 from luftpause.scheduler import gate
 from luftpause.scheduler.actions import Place
-from luftpause.scheduler.state import Phase
+from luftpause.scheduler.events import Resynced, ResyncedRun
+from luftpause.scheduler.state import Phase, ServiceClass
 
 RUN_BYTES = 3600
 RUN_MAX_TOKENS = 100
@@ -193,6 +194,31 @@ def test_a_caller_keeps_the_pauses_of_its_latest_tools_only():
     assert names[-1] == "tool5" and names[0] == "tool4" and "tool3" not in names
     assert dict(tools)["tool5"] == (1.0, 2.0)
     assert gate.learn_tool_pause(tools, "", 9.0) == tools
+
+
+def test_after_a_resync_the_gate_counts_each_run_by_the_usage_its_dataplane_kept():
+    pool = gated_pool()
+    pool.wait(1.0)
+    view = tuple(
+        ResyncedRun(
+            f"run-{n}",
+            "a",
+            Phase.PAUSED,
+            ServiceClass.BATCH,
+            "flood",
+            idle_s=0.5,
+            prompt_tokens=RUN_BYTES // 4,
+            completion_tokens=0,
+            max_tokens=RUN_MAX_TOKENS,
+            tool_names=("search",),
+        )
+        for n in range(FULL)
+    )
+    pool.feed(Resynced(runs=view, turns=(), at=pool.now))
+    assert pool.state.held_kv["a"] == FULL * RUN_SIZE and pool.state.held_runs["a"] == FULL
+    assert {run.tool for run in pool.state.runs.values()} == {"search"}
+    # Before, each came back sized 0 and a new run found room beside ten that fill the pool.
+    assert new_run(pool, "t-new") is None
 
 
 def test_the_gate_is_off_where_the_pool_is_unknown_and_a_paused_run_keeps_its_replica():
