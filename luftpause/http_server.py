@@ -10,6 +10,9 @@ What one client may hold, and for how long:
   client), which it would hold for as long as it trickles.
 - Once the head is in, the body must have arrived whole within `body_timeout_s` (a 408 and the
   connection closed beyond): a body sent a byte now and then is the same attack after the head.
+  A request pipelined behind a response still being written (HTTP/1.1 lets a client send it
+  before that response ends) is not read until then, so its body's time starts there, and it is
+  given no head deadline: its head is in.
 - A kept-alive connection may stay silent `keep_alive_timeout_s` after a response (uvicorn's
   `timeout_keep_alive`), and is then closed without a word.
 - At most `max_connections` are open at once. Past that, the connection that has waited longest
@@ -172,10 +175,17 @@ class _Guard(_Protocol):
         super().on_message_begin()
 
     def on_response_complete(self) -> None:
+        # A request pipelined behind this response, which uvicorn starts now: its head is in.
+        queued = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
         self._served = True
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if queued is None:
             self._await_head()
+        elif queued is self.cycle and queued.more_body:
+            # Its body was not read while the response before it was written: its time starts now.
+            self._await_body()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
@@ -247,7 +257,9 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_arrived()
         super().on_headers_complete()
-        self._await_body()
+        if not (self.pipeline and self.pipeline[0][0] is self.cycle):
+            self._await_body()
+        # else pipelined behind a response still being written, whose end starts its body's time
 
     def on_message_complete(self) -> None:
         self._body_arrived()
