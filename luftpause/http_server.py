@@ -17,7 +17,11 @@ What one client may hold, and for how long:
   `timeout_keep_alive`), and is then closed without a word.
 - At most `max_connections` are open at once. Past that, the connection that has waited longest
   for a request head (an idle or trickling one) is closed to make room for the new one: it gets a
-  503 (or nothing, if it is kept alive after a response and has sent nothing since). Only when
+  503 (or nothing, if it is kept alive after a response and has sent nothing since). One whose
+  bytes have come but are not read yet is passed over (up to 8 such, the longest waiting): asyncio
+  accepts a burst of queued connections and makes each one's protocol before reading any, so a
+  client that sent its request at once, accepted early in a burst past the limit, would otherwise
+  be closed with its request unread. Only when
   every open connection is in the middle of a request (a body on its way, a response being
   written, a stream) is the new connection answered 503 at once and closed. So a flood of idle or
   trickling connections never keeps the operator from `GET /status`: a new connection that sends
@@ -37,9 +41,12 @@ line a second instead, with the count of failures since the last.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
 import socket
+import struct
+import termios
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -58,6 +65,25 @@ FDS_PER_CONNECTION = 3
 FDS_SPARE = 64
 # What asyncio's event loop says when accept() fails for want of a resource (selector_events.py).
 _ACCEPT_FAILED = "socket.accept() out of system resource"
+# How many of the connections waiting longest for a head making room may pass over for having
+# bytes not yet read (a bound on the cost of looking, in a flood of trickling connections).
+UNREAD_PASSED = 8
+
+
+def _unread(guard: _Guard) -> bool:
+    """Whether bytes have come on the connection that the server has not read yet. asyncio accepts
+    a burst of queued connections (up to the backlog) and makes each one's protocol before it
+    reads from any of them: a client that sent its request at once, accepted early in a burst
+    that passes the limit, is then the connection waiting longest for a head, with its request
+    in the socket."""
+    sock = guard.transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return False
+    return struct.unpack("i", waiting)[0] > 0
 
 
 class OncePer:
@@ -143,9 +169,11 @@ class _Guard(_Protocol):
         self._await_head()
 
     def _make_room(self) -> bool:
-        """Closes the connection that has waited longest for a request head, if there is one."""
+        """Closes the connection that has waited longest for a request head, if there is one
+        (`_longest_waiting`)."""
         while self.awaiting:
-            oldest, _ = self.awaiting.popitem(last=False)
+            oldest = self._longest_waiting()
+            del self.awaiting[oldest]
             if oldest._head_deadline is not None:
                 oldest._head_deadline.cancel()
                 oldest._head_deadline = None
@@ -169,6 +197,16 @@ class _Guard(_Protocol):
                             _since(skipped))  # fmt: skip
             return True
         return False
+
+    def _longest_waiting(self) -> _Guard:
+        """The connection waiting longest for a request head, passing over those of the longest
+        waiting (up to UNREAD_PASSED) with bytes come but not yet read: the request itself,
+        likely (`_unread`). Only while `awaiting` has one."""
+        first = next(iter(self.awaiting))
+        for passed, guard in enumerate(self.awaiting):
+            if passed == UNREAD_PASSED or guard.transport.is_closing() or not _unread(guard):
+                return guard
+        return first
 
     def on_message_begin(self) -> None:
         self._begun = True

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import resource
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -183,6 +184,29 @@ def test_a_port_full_of_idle_connections_still_answers_the_operator(stack: _Stac
     assert 0 in closed, "the oldest idle connection was closed to make room"
     answer = closed[0][1]
     assert answer.startswith(b"HTTP/1.1 503 ") and f"[{section}] max_connections".encode() in answer
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_request_not_yet_read_is_not_closed_to_make_room(stack: _Stack, section: str):
+    """A burst of connections accepted at once (the service busy, here stopped, while they
+    queue): the operator's, first in the queue with its request sent, is answered, though the
+    burst passes the limit before the service reads any of them; an idle one is closed instead."""
+    port, route, _ = stack.routes[section]
+    service = stack.services[SECTIONS.index(section)]
+    service.send_signal(signal.SIGSTOP)
+    try:
+        operator = socket.create_connection(("127.0.0.1", port))
+        operator.sendall(f"GET {route} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode())
+        idle = _connect(port, MAX_CONNECTIONS + 5)
+    finally:
+        service.send_signal(signal.SIGCONT)
+    try:
+        (closed,) = _watch([operator], time.monotonic() + 5).values()
+    finally:
+        operator.close()
+        for s in idle:
+            s.close()
+    assert closed[1].startswith(b"HTTP/1.1 200 "), closed[1][:200]
 
 
 @pytest.mark.parametrize("section", ["dataplane", "runtime"])
