@@ -6,7 +6,9 @@ connections. What a client must see on each port: heads trickled a byte at a tim
 trickled after a whole head are answered 408 naming the key, and closed, within the bound; with
 the port full of idle connections, `GET /status` (the dataplane's `/health`) on a new connection
 is answered within a second, the connection waiting longest for a head closed with a 503 to make
-room; with every connection in the middle of a request, a new one is answered 503 at once. The
+room, but not a connection whose request has come unread (the operator's, accepted in a burst
+past the limit); with every connection in the middle of a request, a new one is answered 503 at
+once. The
 runtime refuses a body over `[runtime] max_body_bytes` with the JSON error naming the key. The
 scheduler's gRPC port closes connections past `[scheduler] grpc_max_connections` at once and
 those that never begin HTTP/2 within `header_timeout_s`, while /status answers. A
