@@ -1,5 +1,5 @@
-"""The port drills: slowloris and 10,000 idle connections on each of the three HTTP ports, with the
-operator's route timed throughout.
+"""The port drills: slowloris and 10,000 idle connections on each of the three HTTP ports, and
+10,000 idle ones on the scheduler's gRPC port, with the operator's route timed throughout.
 
 `luftpause up --with-fakes` on ports of its own (bench/soak.py's stack, the default bounds of
 luftpause/http_server.py: a request head within 10 s, at most 1024 connections on the runtime
@@ -10,6 +10,9 @@ the dataplane's, the runtime's), two phases:
   more byte a second, for the header timeout and a few seconds more;
 - idle: `--idle` (10,000) connections opened as fast as the machine takes them, which send
   nothing, held until the server closes them (or a few seconds past the header timeout).
+
+Last, the idle phase on the scheduler's gRPC port (at most `grpc_max_connections`, 256, each
+closed unless it begins HTTP/2 within the header timeout), the scheduler's `/status` probed.
 
 Throughout each phase a prober (a process of its own) asks the port's operator route (`GET /status`; the dataplane's
 `GET /health`) ten times a second, each time on a new connection, as `curl` would, and each
@@ -225,12 +228,13 @@ def _connections(conns: list[_Drilled], errors: Counter[str]) -> dict[str, Any]:
 
 
 async def drill_phase(
-    port: int, route: str, kind: str, n: int, hold_s: float, pid: int | None = None
+    port: int, route: str, kind: str, n: int, hold_s: float, pid: int | None = None, probed: int | None = None
 ) -> dict[str, Any]:
     """One phase on one port: `n` connections of `kind` ("slowloris" or "idle") held up to
-    `hold_s` past their opening, the operator's route probed meanwhile."""
+    `hold_s` past their opening, the operator's route probed meanwhile (on `probed`, another port
+    of the same service, where given: the scheduler's gRPC port has no route of its own)."""
     head = f"GET {route} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-drill: ".encode() if kind == "slowloris" else b""
-    with Prober(port, route, pid) as prober:
+    with Prober(port if probed is None else probed, route, pid) as prober:
         started = time.monotonic()
         conns, errors = await _open(port, n, head)
         opened_s = time.monotonic() - started
@@ -262,11 +266,14 @@ def raise_own_fd_limit(wanted: int) -> int:
     return soft
 
 
-# The three ports: their key in bench/soak.py's ports, the service's name in `up`'s log, the route.
+# The ports flooded: their key in bench/soak.py's ports, the key of the port probed, the service's
+# name in `up`'s log, the route probed, the phases. The scheduler's gRPC port speaks no HTTP/1.1
+# head, so it is flooded with idle connections only, its status port probed.
 PORTS = (
-    ("status", "scheduler", "/status"),
-    ("dataplane", "dataplane", "/health"),
-    ("runtime", "runtime", "/status"),
+    ("status", "status", "scheduler", "/status", ("slowloris", "idle")),
+    ("dataplane", "dataplane", "dataplane", "/health", ("slowloris", "idle")),
+    ("runtime", "runtime", "runtime", "/status", ("slowloris", "idle")),
+    ("grpc", "status", "scheduler", "/status", ("idle",)),
 )
 
 
@@ -286,13 +293,16 @@ def run(idle: int = 10_000, slowloris: int = 300, header_timeout_s: float = 10.0
         pids = stack.pids()
 
         async def drill() -> None:
-            for key, service, route in PORTS:
-                port = stack.ports[key]
-                for kind, n in (("slowloris", slowloris), ("idle", min(idle, usable))):
-                    phase = await drill_phase(port, route, kind, n, hold_s, pids.get(service))
-                    ports.append({"service": service, "route": route, **phase})
+            for key, probed, service, route, kinds in PORTS:
+                sizes = {"slowloris": slowloris, "idle": min(idle, usable)}
+                for kind in kinds:
+                    n = sizes[kind]
+                    phase = await drill_phase(stack.ports[key], route, kind, n, hold_s, pids.get(service),
+                                              stack.ports[probed])  # fmt: skip
+                    name = service if key == probed else f"{service} {key}"
+                    ports.append({"service": name, "route": route, **phase})
                     s = phase["status"]
-                    print(f"{service} {kind} x{n}: {phase['closed_by_server']} closed by the server "
+                    print(f"{name} {kind} x{n}: {phase['closed_by_server']} closed by the server "
                           f"{phase['answers']}, {phase['left_open']} left open; {route} p50 {s['p50_ms']} ms, "
                           f"p99 {s['p99_ms']} ms, max {s['max_ms']} ms, failed {s['failed']}", flush=True)  # fmt: skip
 

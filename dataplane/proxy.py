@@ -115,7 +115,8 @@ class Proxy:
 
     def __init__(self, config: lp_config.Config, token: str | None = None, name: str = "") -> None:
         self.config = config
-        # `name`: this dataplane's, where several share the scheduler (one worker of several).
+        # `name`: what this dataplane calls itself to the scheduler, which scopes its resync and
+        # its reports to its own turns (`scheduler_client.dataplane_name`).
         self.scheduler = SchedulerClient(config.dataplane.scheduler, token, name)
         self.metrics = DataplaneMetrics(r.name for r in config.replicas)
         self.scheduler.on_connected = self.metrics.scheduler_connected

@@ -145,11 +145,15 @@ class HttpPortSettings(_Strict):
 
 
 class SchedulerSettings(HttpPortSettings):
-    """The HTTP bounds (HttpPortSettings) are the status port's; the gRPC port is grpcio's."""
+    """The HTTP bounds (HttpPortSettings) are the status port's. The gRPC port holds at most
+    `grpc_max_connections` at once (grpcio closes any more as they come), and closes a connection
+    that has not begun HTTP/2 within `header_timeout_s` (scheduler/grpc_auth.py, `grpc_server`)."""
 
     host: str = "127.0.0.1"
     grpc_port: int = SCHEDULER_GRPC_PORT
     status_port: int = SCHEDULER_STATUS_PORT
+    # Each dataplane (each worker of one) holds one connection to the gRPC port.
+    grpc_max_connections: int = Field(default=256, ge=1)
     probe_period_s: float = 2.0
     # Origins (`http://host:port`) besides the page's own and the runtime's as this config names it
     # whose GET /status the status page may read when opened as `/?runtime=<url>`, with the token:

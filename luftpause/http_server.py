@@ -10,11 +10,18 @@ What one client may hold, and for how long:
   client), which it would hold for as long as it trickles.
 - Once the head is in, the body must have arrived whole within `body_timeout_s` (a 408 and the
   connection closed beyond): a body sent a byte now and then is the same attack after the head.
+  A request pipelined behind a response still being written (HTTP/1.1 lets a client send it
+  before that response ends) is not read until then, so its body's time starts there, and it is
+  given no head deadline: its head is in.
 - A kept-alive connection may stay silent `keep_alive_timeout_s` after a response (uvicorn's
   `timeout_keep_alive`), and is then closed without a word.
 - At most `max_connections` are open at once. Past that, the connection that has waited longest
   for a request head (an idle or trickling one) is closed to make room for the new one: it gets a
-  503 (or nothing, if it is kept alive after a response and has sent nothing since). Only when
+  503 (or nothing, if it is kept alive after a response and has sent nothing since). One whose
+  bytes have come but are not read yet is passed over (up to 8 such, the longest waiting): asyncio
+  accepts a burst of queued connections and makes each one's protocol before reading any, so a
+  client that sent its request at once, accepted early in a burst past the limit, would otherwise
+  be closed with its request unread. Only when
   every open connection is in the middle of a request (a body on its way, a response being
   written, a stream) is the new connection answered 503 at once and closed. So a flood of idle or
   trickling connections never keeps the operator from `GET /status`: a new connection that sends
@@ -34,9 +41,12 @@ line a second instead, with the count of failures since the last.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
 import socket
+import struct
+import termios
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,6 +65,25 @@ FDS_PER_CONNECTION = 3
 FDS_SPARE = 64
 # What asyncio's event loop says when accept() fails for want of a resource (selector_events.py).
 _ACCEPT_FAILED = "socket.accept() out of system resource"
+# How many of the connections waiting longest for a head making room may pass over for having
+# bytes not yet read (a bound on the cost of looking, in a flood of trickling connections).
+UNREAD_PASSED = 8
+
+
+def _unread(guard: _Guard) -> bool:
+    """Whether bytes have come on the connection that the server has not read yet. asyncio accepts
+    a burst of queued connections (up to the backlog) and makes each one's protocol before it
+    reads from any of them: a client that sent its request at once, accepted early in a burst
+    that passes the limit, is then the connection waiting longest for a head, with its request
+    in the socket."""
+    sock = guard.transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return False
+    return struct.unpack("i", waiting)[0] > 0
 
 
 class OncePer:
@@ -140,9 +169,11 @@ class _Guard(_Protocol):
         self._await_head()
 
     def _make_room(self) -> bool:
-        """Closes the connection that has waited longest for a request head, if there is one."""
+        """Closes the connection that has waited longest for a request head, if there is one
+        (`_longest_waiting`)."""
         while self.awaiting:
-            oldest, _ = self.awaiting.popitem(last=False)
+            oldest = self._longest_waiting()
+            del self.awaiting[oldest]
             if oldest._head_deadline is not None:
                 oldest._head_deadline.cancel()
                 oldest._head_deadline = None
@@ -167,15 +198,32 @@ class _Guard(_Protocol):
             return True
         return False
 
+    def _longest_waiting(self) -> _Guard:
+        """The connection waiting longest for a request head, passing over those of the longest
+        waiting (up to UNREAD_PASSED) with bytes come but not yet read: the request itself,
+        likely (`_unread`). Only while `awaiting` has one."""
+        first = next(iter(self.awaiting))
+        for passed, guard in enumerate(self.awaiting):
+            if passed == UNREAD_PASSED or guard.transport.is_closing() or not _unread(guard):
+                return guard
+        return first
+
     def on_message_begin(self) -> None:
         self._begun = True
         super().on_message_begin()
 
     def on_response_complete(self) -> None:
+        # A request pipelined behind this response, which uvicorn starts now: its head is in.
+        queued = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
         self._served = True
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if queued is None:
             self._await_head()
+        elif queued is self.cycle and queued.more_body:
+            # Its body was not read while the response before it was written: its time starts now.
+            self._await_body()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
@@ -247,7 +295,9 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_arrived()
         super().on_headers_complete()
-        self._await_body()
+        if not (self.pipeline and self.pipeline[0][0] is self.cycle):
+            self._await_body()
+        # else pipelined behind a response still being written, whose end starts its body's time
 
     def on_message_complete(self) -> None:
         self._body_arrived()

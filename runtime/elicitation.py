@@ -82,7 +82,8 @@ async def await_runs(
             dismissed.add(key)
             continue
         with contextlib.suppress(UnknownRun):
-            decide_approval(runtime.runs, runtime.run_for(target[0], who), decision, target[1])
+            (run,) = await runtime.runs_for([target[0]], who)
+            decide_approval(runtime.runs, run, decision, target[1])
 
     def unasked(run: Run, approval: Approval) -> bool:
         return approval_key(run, approval) not in dismissed

@@ -136,16 +136,10 @@ class Runtime:
         """The identity of the request `ctx` belongs to (callers.py)."""
         return who_of(ctx, self.operator_token)
 
-    def run_for(self, handle: str, who: Who) -> Run:
-        """The run with this handle, if `who` may see it; else `UnknownRun` (or `NotYours`).
-        Blocking when the run is archived: on the event loop, use `runs_for`."""
-        run = self.runs.get(handle)
-        if not who.may_see(run):
-            raise NotYours(handle)
-        return run
-
     async def runs_for(self, handles: list[str], who: Who) -> list[Run]:
-        """`run_for` of each handle (each once, in order), archived ones read off the event loop."""
+        """The runs with these handles (each once, in order), if `who` may see each; else
+        `UnknownRun` (or `NotYours`) for the first that it may not. Archived ones are read off
+        the event loop."""
         runs = await self.runs.find(handles)
         for run in runs:
             if not who.may_see(run):

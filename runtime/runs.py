@@ -120,11 +120,11 @@ class Runs:
         self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
     ) -> Run:
         """Journals the run, then starts its loop; returns once the journal has it. `parent`: the
-        run `spec.parent` names, when the caller has looked it up already."""
+        run `spec.parent` names, when the caller has looked it up already. The tree's depth is
+        checked by `spawn_durably`, which reads archived ancestors off the event loop."""
         if parent is None and spec.parent is not None:
             parent = self.get(spec.parent)
         if parent is not None:
-            self._check_depth(parent)
             tripped = tripped_above(parent)
             if tripped is not None:
                 raise SpawnRefused(
@@ -154,31 +154,46 @@ class Runs:
         self.start(run)
         return run
 
-    def _check_depth(self, parent: Run) -> None:
+    async def _check_depth(self, parent: Run) -> None:
         """SpawnRefused when a child of `parent` would be deeper than `[runtime] max_depth`."""
         limit = self.settings.max_depth
         depth, run = 1, parent  # `parent`'s depth, the root counting as one
+        while depth < limit and run.parent is not None:
+            depth, run = depth + 1, run.parent
+        above = run.spec.parent
+        if depth < limit and above is not None and above != run.handle:
+            # Not linked in memory (an archived run, or one above it): the archive knows the rest.
+            depth = await asyncio.to_thread(self._archived_depth, above, depth, limit)
+        if depth >= limit:
+            raise SpawnRefused(
+                f"run {parent.handle} is {limit} runs deep (its root counting as one), and a run tree may "
+                f"be at most {limit} deep ([runtime] max_depth = {limit}): spawn this run under a run "
+                "nearer the root, or raise max_depth in the config"
+            )
+
+    def _archived_depth(self, handle: str, depth: int, limit: int) -> int:
+        """`depth` plus the archived runs from `handle` up to the root, counted at most to `limit`
+        (blocking: one archive line a run)."""
         while depth < limit:
-            above = run.parent
-            if above is None and run.spec.parent is not None and run.spec.parent != run.handle:
-                # Not linked in memory (an archived run, or one above it): the archive knows it.
-                record = self.journal.archived(run.spec.parent)
-                above = from_archive(record) if record is not None else None
-            if above is None:
-                return
-            depth, run = depth + 1, above
-        raise SpawnRefused(
-            f"run {parent.handle} is {limit} runs deep (its root counting as one), and a run tree may "
-            f"be at most {limit} deep ([runtime] max_depth = {limit}): spawn this run under a run "
-            "nearer the root, or raise max_depth in the config"
-        )
+            record = self.journal.archived(handle)
+            if record is None:
+                break
+            depth += 1
+            above = from_archive(record).spec.parent
+            if above is None or above == handle:
+                break
+            handle = above
+        return depth
 
     async def spawn_durably(
         self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
     ) -> Run:
-        """`spawn`, acknowledged only once the journal has the run on disk. When it cannot be
-        written the run is taken back (its loop stopped, forgotten) and JournalError raised: a run
-        the journal does not have must not go on in memory."""
+        """`spawn`, once the tree's depth allows it, acknowledged only once the journal has the
+        run on disk. When it cannot be written the run is taken back (its loop stopped,
+        forgotten) and JournalError raised: a run the journal does not have must not go on in
+        memory."""
+        if parent is not None:
+            await self._check_depth(parent)
         run = self.spawn(spec, caller, owner, parent)
         try:
             await self.journal.durable()

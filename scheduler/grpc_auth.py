@@ -72,11 +72,18 @@ def _refusing(handler: grpc.RpcMethodHandler[_Req, _Resp]) -> grpc.RpcMethodHand
                 response_serializer=handler.response_serializer)  # fmt: skip
 
 
-def grpc_server(token: str | None) -> grpc.aio.Server:
-    """The scheduler's gRPC server, taking only calls that carry `token` when there is one."""
+def grpc_server(token: str | None, max_connections: int, handshake_timeout_s: float) -> grpc.aio.Server:
+    """The scheduler's gRPC server, taking only calls that carry `token` when there is one, and at
+    most `max_connections` connections, each closed unless it begins HTTP/2 (its preface and
+    settings) within `handshake_timeout_s`: idle connections never fill the descriptor table that
+    the status port shares."""
     return grpc.aio.server(
         interceptors=[BearerCheck(token)] if token else None,
-        # gRPC sets SO_REUSEPORT by default, which lets a second scheduler bind the same port and
-        # take half of the first one's connections; a port in use must be an error instead.
-        options=[("grpc.so_reuseport", 0)],
+        options=[
+            # gRPC sets SO_REUSEPORT by default, which lets a second scheduler bind the same port
+            # and take half of the first one's connections; a port in use must be an error instead.
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_allowed_incoming_connections", max_connections),
+            ("grpc.server_handshake_timeout_ms", max(1, round(handshake_timeout_s * 1000))),
+        ],
     )

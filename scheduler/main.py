@@ -61,7 +61,7 @@ def _grpc_server(
 ) -> grpc.aio.Server:
     """The gRPC server serving `host`, bound to its port (not started); the process exits, closing
     `status_socket`, when the port cannot be had."""
-    server = grpc_server(token)
+    server = grpc_server(token, settings.grpc_max_connections, settings.header_timeout_s)
     rpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     try:
         bound = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")

@@ -6,8 +6,12 @@ connections. What a client must see on each port: heads trickled a byte at a tim
 trickled after a whole head are answered 408 naming the key, and closed, within the bound; with
 the port full of idle connections, `GET /status` (the dataplane's `/health`) on a new connection
 is answered before an idle one's own timeout could make room, the connection waiting longest for
-a head closed with a 503 to make room; with every connection in the middle of a request, a new one is answered 503 at once. The
-runtime refuses a body over `[runtime] max_body_bytes` with the JSON error naming the key. A
+a head closed with a 503 to make room, but not a connection whose request has come unread (the
+operator's, accepted in a burst past the limit); with every connection in the middle of a
+request, a new one is answered 503 at once. The runtime refuses a body over `[runtime]
+max_body_bytes` with the JSON error naming the key. The scheduler's gRPC port closes connections
+past `[scheduler] grpc_max_connections` at once and those that never begin HTTP/2 within
+`header_timeout_s`, while /status answers. A
 scheduler whose descriptor table is full logs the failing accept() once a second, not once a
 failure (luftpause/http_server.py has the rules).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import re
 import resource
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +37,7 @@ from luftpause.bench import stack_config
 
 TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 30
+GRPC_MAX_CONNECTIONS = 10
 # How long past a deadline the server may take to close, on a loaded test machine: the bound
 # told apart from none at all (the trickling connections are watched for TIMEOUT_S + 10 s, and
 # without the bound they stay open), the 408 naming the key saying which bound closed them.
@@ -55,7 +61,11 @@ class _Stack:
             tool_server={"name": "fake-mcp", "url": f"http://127.0.0.1:{ports.fake_mcp}/mcp"},
             replicas=[stack_config.replica("fake-a", ports.engines[0], ["fake-llama"])],
         )
-        service_bounds = {"scheduler": bounds, "dataplane": bounds, "runtime": bounds}
+        service_bounds = {
+            "scheduler": {**bounds, "grpc_max_connections": GRPC_MAX_CONNECTIONS},
+            "dataplane": bounds,
+            "runtime": bounds,
+        }
         config = stack_config.write(tmp, stack_config.merged(tables, service_bounds))
         self.services = (
             Service("scheduler", ["scheduler", "--config", str(config)], tmp / "scheduler.log"),
@@ -182,6 +192,29 @@ def test_a_port_full_of_idle_connections_still_answers_the_operator(stack: _Stac
     assert answer.startswith(b"HTTP/1.1 503 ") and f"[{section}] max_connections".encode() in answer
 
 
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_request_not_yet_read_is_not_closed_to_make_room(stack: _Stack, section: str):
+    """A burst of connections accepted at once (the service busy, here stopped, while they
+    queue): the operator's, first in the queue with its request sent, is answered, though the
+    burst passes the limit before the service reads any of them; an idle one is closed instead."""
+    port, route, _ = stack.routes[section]
+    service = stack.services[SECTIONS.index(section)]
+    service.send_signal(signal.SIGSTOP)
+    try:
+        operator = socket.create_connection(("127.0.0.1", port))
+        operator.sendall(f"GET {route} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode())
+        idle = _connect(port, MAX_CONNECTIONS + 5)
+    finally:
+        service.send_signal(signal.SIGCONT)
+    try:
+        (closed,) = _watch([operator], time.monotonic() + 5).values()
+    finally:
+        operator.close()
+        for s in idle:
+            s.close()
+    assert closed[1].startswith(b"HTTP/1.1 200 "), closed[1][:200]
+
+
 @pytest.mark.parametrize("section", ["dataplane", "runtime"])
 def test_past_the_limit_with_every_connection_in_a_request_a_new_one_gets_503(stack: _Stack, section: str):
     port, route, request = stack.routes[section]
@@ -205,6 +238,29 @@ def test_past_the_limit_with_every_connection_in_a_request_a_new_one_gets_503(st
     assert answer.startswith(b"HTTP/1.1 503 ") and f"[{section}] max_connections".encode() in answer
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}{route}", timeout=5).status_code == 200,
                timeout_s=10, what="room again")  # fmt: skip
+
+
+def test_the_grpc_port_holds_its_limit_and_closes_connections_that_never_begin(stack: _Stack):
+    """Past `[scheduler] grpc_max_connections` a connection is closed at once; one that never
+    begins HTTP/2 is closed within `header_timeout_s`; /status answers throughout and the
+    dataplane's own connection to the port stays up."""
+    idle = _connect(stack.ports.grpc, 4 * GRPC_MAX_CONNECTIONS)
+    opened = time.monotonic()
+    try:
+        at_once = _watch(idle, opened + 0.5)
+        r = httpx.get(f"http://127.0.0.1:{stack.ports.status}/status", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - opened < 1.5
+        rest = [s for i, s in enumerate(idle) if i not in at_once]
+        later = _watch(rest, opened + TIMEOUT_S + 10)
+    finally:
+        for s in idle:
+            s.close()
+    # The dataplane holds one of the port's connections.
+    assert len(at_once) >= len(idle) - GRPC_MAX_CONNECTIONS, f"{len(idle) - len(at_once)} held past the limit"
+    assert len(later) == len(rest), f"{len(rest) - len(later)} connections that never began are still open"
+    assert max(at for at, _ in later.values()) - opened < TIMEOUT_S + SLACK_S
+    health = httpx.get(f"http://127.0.0.1:{stack.ports.dataplane}/health", timeout=5).json()
+    assert health["scheduler"] == "connected", health
 
 
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])

@@ -5,6 +5,7 @@ scripted dataplane (an httpx mock transport) and scripted tools: exact and insta
 import asyncio
 import itertools
 import json
+import threading
 
 import httpx
 import pytest
@@ -349,3 +350,49 @@ def test_a_decide_answer_becomes_label_probabilities_and_unscored():
     }
     classifier = {"data": [{"index": 0, "label": "spam", "probs": [0.1, 0.9], "num_classes": 2}]}
     assert decision_of(classifier) == {"label": "spam", "probabilities": [0.1, 0.9], "unscored": []}
+
+
+async def _finish_at_once(runs: Runs, run) -> None:
+    runs.finish(run, "finished", result="done")
+
+
+async def _no_end_hook(handle: str) -> None:
+    return None
+
+
+async def test_the_depth_limit_counts_archived_ancestors_read_off_the_event_loop(tmp_path):
+    """A chain of 16 archived runs (the default max_depth): a child of its leaf is refused naming
+    the limit, a child of the run above is spawned; the archive is read in a thread, not on the
+    event loop that serves every other request."""
+    chain = [f"run-old-{i:02d}" for i in range(16)]
+    with (tmp_path / "archive.jsonl").open("w") as f:
+        for i, handle in enumerate(chain):
+            spec = {"task": f"level {i}", "model": "m", "parent": chain[i - 1] if i else None}
+            record = {"v": 1, "type": "archived", "run": handle, "at": 1.0, "spec": spec, "caller": "c",
+                      "owner": None, "status": "finished", "result": f"answer {i}"}  # fmt: skip
+            f.write(json.dumps(record) + "\n")
+    runs = Runs(Journal(tmp_path), _finish_at_once, _no_end_hook)
+    loop_thread = threading.get_ident()
+    read_on: set[int] = set()
+    archived = runs.journal.archived
+
+    def spied(handle: str):
+        read_on.add(threading.get_ident())
+        return archived(handle)
+
+    runs.journal.archived = spied  # type: ignore[method-assign]
+    try:
+        leaf, above = await runs.find([chain[-1], chain[-2]])
+        with pytest.raises(
+            SpawnRefused, match=rf"run {chain[-1]} is 16 runs deep .*\[runtime\] max_depth = 16"
+        ):
+            await runs.spawn_durably(
+                RunSpec(task="too deep", model="m", parent=leaf.handle), "c", parent=leaf
+            )
+        child = await runs.spawn_durably(RunSpec(task="deep enough", model="m", parent=above.handle), "c",
+                                         parent=above)  # fmt: skip
+        assert child.spec.parent == chain[-2]
+        assert read_on and loop_thread not in read_on, "the archive was read on the event loop"
+    finally:
+        await runs.shutdown()
+        runs.journal.close()
