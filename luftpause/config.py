@@ -140,7 +140,8 @@ class HttpPortSettings(_Strict):
     # How long a kept-alive connection may stay silent after a response (closed beyond).
     keep_alive_timeout_s: int = Field(default=5, ge=1)
     # How many connections may be open at once. Past it, the one waiting longest for a request
-    # head is closed to make room; a 503 for the new one when every open one is in a request.
+    # head is closed to make room, else the one whose request body has been arriving longest; a
+    # 503 for the new one when every open one's request is whole and being answered.
     max_connections: int = Field(default=1024, ge=1)
 
 

@@ -21,11 +21,15 @@ What one client may hold, and for how long:
   bytes have come but are not read yet is passed over (up to 8 such, the longest waiting): asyncio
   accepts a burst of queued connections and makes each one's protocol before reading any, so a
   client that sent its request at once, accepted early in a burst past the limit, would otherwise
-  be closed with its request unread. Only when
-  every open connection is in the middle of a request (a body on its way, a response being
-  written, a stream) is the new connection answered 503 at once and closed. So a flood of idle or
-  trickling connections never keeps the operator from `GET /status`: a new connection that sends
-  its head at once is served, however many such connections are open. The process never runs
+  be closed with its request unread. With none waiting for a head, the connection whose request
+  body has been arriving longest is closed instead, with a 503 (the application sees its client
+  gone): a body sent a byte now and then holds its connection for up to `body_timeout_s`, and
+  enough of them would otherwise lock every new client out for that long, again and again. Only
+  when every open connection's request is whole and being answered (the application working on
+  it, a response being written, a stream) is the new connection answered 503 at once and closed.
+  So a flood of idle, trickling or slow-bodied connections never keeps the operator from `GET
+  /status`: a new connection that sends its request at once is served, however many such
+  connections are open. The process never runs
   out of descriptors in the middle of requests it already carries. (asyncio accepts a burst of
   up to uvicorn's backlog, 2048, in one go before any of them is looked at, so for a moment the
   descriptors may exceed the limit by that many; the drill, bench/faults_ports.py, saw 2,570 on
@@ -133,8 +137,10 @@ class _Guard(_Protocol):
     # Set per server by `protocol()`.
     bounds: ClassVar[HttpPortSettings] = HttpPortSettings()
     section: ClassVar[str] = "dataplane"
-    # The open connections waiting for a request head, the longest waiting first.
+    # The open connections waiting for a request head, the longest waiting first; and those whose
+    # request body is still arriving, the one arriving longest first.
     awaiting: ClassVar[OrderedDict[_Guard, None]]
+    receiving: ClassVar[OrderedDict[_Guard, None]]
     refusals: ClassVar[OncePer]
     evictions: ClassVar[OncePer]
 
@@ -153,7 +159,7 @@ class _Guard(_Protocol):
         limit = self.bounds.max_connections
         if len(self.connections) > limit and not self._make_room():
             if (skipped := self.refusals.due()) is not None:
-                log.warning("refused a connection: %d open, every one in a request; the limit is %d (%s)%s",
+                log.warning("refused a connection: %d open, every one's request being answered; the limit is %d (%s)%s",
                             len(self.connections) - 1, limit, self._key("max_connections"),
                             _since(skipped))  # fmt: skip
             transport.write(
@@ -161,7 +167,7 @@ class _Guard(_Protocol):
                     503,
                     "Service Unavailable",
                     f"this {self.section} has {limit} connections open, its limit "
-                    f"({self._key('max_connections')}), each in the middle of a request; retry shortly",
+                    f"({self._key('max_connections')}), each with a request being answered; retry shortly",
                 )
             )
             transport.close()
@@ -169,8 +175,8 @@ class _Guard(_Protocol):
         self._await_head()
 
     def _make_room(self) -> bool:
-        """Closes the connection that has waited longest for a request head, if there is one
-        (`_longest_waiting`)."""
+        """Closes the connection that has waited longest for a request head (`_longest_waiting`),
+        else the one whose request body has been arriving longest; False when there is neither."""
         while self.awaiting:
             oldest = self._longest_waiting()
             del self.awaiting[oldest]
@@ -190,13 +196,29 @@ class _Guard(_Protocol):
                     )
                 )
             oldest.transport.close()
-            if (skipped := self.evictions.due()) is not None:
-                log.warning("at the connection limit (%d, %s): closed the connection waiting longest "
-                            "for a request head to make room for a new one%s",
-                            self.bounds.max_connections, self._key("max_connections"),
-                            _since(skipped))  # fmt: skip
+            self._evicted("waiting longest for a request head")
+            return True
+        while self.receiving:
+            slowest = next(iter(self.receiving))
+            slowest._body_arrived()
+            if slowest.transport.is_closing():
+                continue
+            slowest._close_mid_body(
+                503,
+                "Service Unavailable",
+                f"closed to make room: this {self.section} has {self.bounds.max_connections} connections "
+                f"open, its limit ({self._key('max_connections')}), and this one's request body was still "
+                "arriving; retry",
+            )
+            self._evicted("whose request body had been arriving longest")
             return True
         return False
+
+    def _evicted(self, which: str) -> None:
+        if (skipped := self.evictions.due()) is not None:
+            log.warning("at the connection limit (%d, %s): closed the connection %s to make room "
+                        "for a new one%s", self.bounds.max_connections, self._key("max_connections"),
+                        which, _since(skipped))  # fmt: skip
 
     def _longest_waiting(self) -> _Guard:
         """The connection waiting longest for a request head, passing over those of the longest
@@ -260,29 +282,35 @@ class _Guard(_Protocol):
 
     def _await_body(self) -> None:
         self._body_arrived()
+        self.receiving[self] = None
         self._body_deadline = self.loop.call_later(self.bounds.body_timeout_s, self._body_too_late)
 
     def _body_arrived(self) -> None:
         if self._body_deadline is not None:
             self._body_deadline.cancel()
             self._body_deadline = None
+        self.receiving.pop(self, None)
 
     def _body_too_late(self) -> None:
         self._body_deadline = None
-        transport, cycle = self.transport, self.cycle
-        if transport.is_closing():
+        self.receiving.pop(self, None)
+        if self.transport.is_closing():
             return
+        self._close_mid_body(
+            408,
+            "Request Timeout",
+            f"the request body did not arrive within {self.bounds.body_timeout_s:g} s of its head "
+            f"({self._key('body_timeout_s')})",
+        )
+
+    def _close_mid_body(self, status: int, reason: str, message: str) -> None:
+        """Answers a request whose body is still arriving with `status` (unless its response has
+        begun) and closes its connection; the application sees its client gone."""
+        transport, cycle = self.transport, self.cycle
         if cycle is not None and not cycle.response_started:
-            transport.write(
-                _raw_response(
-                    408,
-                    "Request Timeout",
-                    f"the request body did not arrive within {self.bounds.body_timeout_s:g} s of its "
-                    f"head ({self._key('body_timeout_s')})",
-                )
-            )
+            transport.write(_raw_response(status, reason, message))
         if cycle is not None and not cycle.response_complete:
-            # The application sees the client gone, and writes nothing after the 408.
+            # The application sees the client gone, and writes nothing after the answer.
             cycle.disconnected = True
             cycle.message_event.set()
         transport.close()
@@ -311,6 +339,7 @@ def protocol(bounds: HttpPortSettings, section: str) -> type[GuardedHttpToolsPro
         "bounds": bounds,
         "section": section,
         "awaiting": OrderedDict(),
+        "receiving": OrderedDict(),
         "refusals": OncePer(),
         "evictions": OncePer(),
     }
