@@ -20,7 +20,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from luftpause.config import Config
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.callers import NotYours, Who, who_of
-from luftpause.runtime.journal import Journal
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane
 from luftpause.runtime.metrics import RuntimeMetrics
@@ -29,6 +28,7 @@ from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import SpawnArguments
 from luftpause.runtime.state_lock import StateLock
+from luftpause.runtime.store import open_store
 from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
 from luftpause.runtime.views import every_subtree_total, status_tree, summary
@@ -57,7 +57,12 @@ class Runtime:
         self.state_lock = StateLock(self.state_dir)
         self.metrics = RuntimeMetrics(s.name for s in settings.mcp_servers)
         self.writer = JsonlWriter(self.metrics.journal_written)
-        self.journal = Journal(self.state_dir, self.writer)
+        try:
+            self.journal = open_store(settings, self.state_dir, self.writer)
+        except BaseException:
+            self.writer.close()
+            self.state_lock.release()
+            raise
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model, self.metrics)
@@ -74,7 +79,7 @@ class Runtime:
         # Each tenth of the shorter window, between 1 s and 10 minutes.
         period_s = min(max(min(retention_s, self.config.runtime.task_retention_s) / 10, 1.0), 600.0)
         self._evicting = asyncio.create_task(self._evict_every(period_s), name="evict")
-        log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
+        log.info("runtime: runs kept in %s, dataplane at %s", self.journal.where, self.dataplane.base_url)
 
     async def _evict_every(self, period_s: float) -> None:
         """Finished runs older than the retention window leave memory for the archive."""
@@ -83,13 +88,11 @@ class Runtime:
             settings = self.config.runtime
             try:
                 await evict(self.runs, settings.retention_s)
-            except OSError as e:
+            except (OSError, JournalError) as e:
                 log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
             try:
-                await asyncio.to_thread(
-                    self.journal.archive_file.trim, settings.archive_retention_s, time.time()
-                )
-            except OSError as e:
+                await asyncio.to_thread(self.journal.trim_archive, settings.archive_retention_s, time.time())
+            except (OSError, JournalError) as e:
                 log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
             try:
                 self.tasks.trim()

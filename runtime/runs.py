@@ -28,12 +28,12 @@ from luftpause.config import RuntimeSettings
 from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
-from luftpause.runtime.journal import Journal
 from luftpause.runtime.journal_writer import JournalError
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.restore import from_archive
 from luftpause.runtime.run import ENDED, Run, RunStatus, UnknownRun, new_handle
 from luftpause.runtime.spec import RunSpec, initial_messages
+from luftpause.runtime.store import RunStore
 from luftpause.runtime.waiting import AwaitMode, Changes, waited_enough
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Runs:
 
     def __init__(
         self,
-        journal: Journal,
+        journal: RunStore,
         driver: Driver,
         on_end: EndHook,
         metrics: RuntimeMetrics | None = None,
@@ -108,7 +108,7 @@ class Runs:
 
     def _archived(self, handles: list[str]) -> dict[str, Run]:
         """Archived runs by handle, each whole: with the runs below it (archive.py, restore.py)."""
-        trees = self.journal.archive_file.trees(handles)
+        trees = self.journal.archived_trees(handles)
         return {h: from_archive(tree[0], tree[1:]) for h, tree in trees.items()}
 
     def roots(self) -> list[Run]:
