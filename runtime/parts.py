@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -33,10 +33,18 @@ from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
 from luftpause.runtime.views import every_subtree_total, status_tree, summary
 
+if TYPE_CHECKING:
+    from luftpause.runtime.leases import Leases
+    from luftpause.runtime.postgres_store import PostgresStore
+
 log = logging.getLogger(__name__)
 
 # How long spawn waits for tool servers still being connected to before judging its `tools`.
 SPAWN_LISTING_WAIT_S = 5.0
+
+
+def _nothing() -> None:
+    return None
 
 
 class Runtime:
@@ -70,11 +78,18 @@ class Runtime:
         self.metrics.watch_runs(lambda: self.runs)
         self.tasks = Tasks(self.state_dir, self.runs, self.writer)
         self._evicting: asyncio.Task[None] | None = None
+        # With a store runtimes share: this runtime's leases on the runs it drives (leases.py).
+        self.leases: Leases | None = None
 
     async def start(self) -> None:
         self.tool_servers.start()
         retention_s = self.config.runtime.retention_s
         restore(self.runs, retention_s, self.config.runtime.archive_retention_s)
+        if self.journal.shared:
+            from luftpause.runtime.leases import Leases
+
+            self.leases = Leases(self.runs, cast("PostgresStore", self.journal))
+            self.leases.start()
         self.tasks.restore()
         # Each tenth of the shorter window, between 1 s and 10 minutes.
         period_s = min(max(min(retention_s, self.config.runtime.task_retention_s) / 10, 1.0), 600.0)
@@ -106,7 +121,9 @@ class Runtime:
         if self._evicting is not None:
             self._evicting.cancel()
         parts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("leases", self.leases.stop if self.leases is not None else _nothing),
             ("runs", self.runs.shutdown),
+            ("leases held", self._release),
             ("tasks", self.tasks.close),
             ("tool servers", self.tool_servers.close),
             ("dataplane client", self.dataplane.close),
@@ -123,6 +140,12 @@ class Runtime:
                     log.warning("stopping the %s failed: %s", name, e)
         finally:
             self.state_lock.release()
+
+    async def _release(self) -> None:
+        """With a shared store: its loops stopped, this runtime lets go of its runs' leases, so
+        that another runtime resumes them at once rather than once they expire."""
+        if self.leases is not None:
+            await asyncio.to_thread(self.leases.store.release)
 
     async def spawn(self, arguments: SpawnArguments, who: Who) -> Run:
         """Spawns a run for `who`, once its parent, model and tools are known to be there; the

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -55,6 +57,8 @@ from luftpause.runtime.store import RunStore, StoreUnavailable
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# A writer's batch: each record with its key.
+Batch = list[tuple[str, dict[str, Any]]]
 
 # How long a connection attempt may take before the store counts as unreachable.
 CONNECT_TIMEOUT_S = 5
@@ -85,8 +89,32 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX luftpause_archive_parent ON luftpause_archive (parent);
     CREATE INDEX luftpause_archive_ended_at ON luftpause_archive (ended_at);
     """,
+    # 2: leases, one row a run that has not finished: which runtime drives it, until when.
+    """
+    CREATE TABLE luftpause_leases (
+        run text PRIMARY KEY,
+        owner text NOT NULL,
+        expires timestamptz NOT NULL
+    );
+    CREATE INDEX luftpause_leases_expires ON luftpause_leases (expires);
+    CREATE INDEX luftpause_leases_owner ON luftpause_leases (owner);
+    """,
 )
+# Told "<record type> <handle>" when a run finishes or an approval is decided (leases.py listens).
+CHANNEL = "luftpause_runs"
+NOTIFIED = ("finished", "approval")
 SCHEMA_VERSION = len(MIGRATIONS)
+
+INSERT = (
+    "INSERT INTO luftpause_records (key, run, type, record) VALUES (%(key)s, %(run)s, %(type)s, %(record)s) "
+    "ON CONFLICT (key) DO NOTHING"
+)
+# A record of a run this runtime drives: in only while the run's lease is its own.
+FENCED_INSERT = (
+    "INSERT INTO luftpause_records (key, run, type, record) SELECT %(key)s, %(run)s, %(type)s, %(record)s "
+    "WHERE EXISTS (SELECT 1 FROM luftpause_leases WHERE run = %(run)s AND owner = %(owner)s) "
+    "ON CONFLICT (key) DO NOTHING"
+)
 
 
 def described(url: str) -> str:
@@ -139,7 +167,16 @@ class PostgresStore(RunStore):
     """The run store in PostgreSQL: records through the writer thread, reads on a connection of
     their own (one at a time, under a lock)."""
 
-    def __init__(self, url: str) -> None:
+    shared = True
+
+    def __init__(self, url: str, owner: str | None = None, lease_s: float = 15.0) -> None:
+        # Who this runtime is in the leases: the same across its restarts (its host and state
+        # directory, which one runtime at a time holds), so that it takes its own runs back at once.
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.lease_s = lease_s
+        # The runs whose leases this runtime holds, as far as it knows: their records go in only
+        # while the lease is still its own (a runtime that lost one writes nothing for its run).
+        self.leased: set[str] = set()
         try:
             self.where = described(url)
         except ValueError as e:
@@ -154,7 +191,7 @@ class PostgresStore(RunStore):
         # Record keys: unique to this process, in order.
         self._prefix = uuid.uuid4().hex[:12]
         self._numbers = itertools.count()
-        self.writer = PostgresWriter(self.connect, self._write, self.where)
+        self.writer = PostgresWriter(self.connect, self._write, self._committed, self.where)
 
     def connect(self) -> psycopg.Connection[Any]:
         """A new connection, autocommit; StoreUnavailable saying why when there is none."""
@@ -192,14 +229,36 @@ class PostgresStore(RunStore):
         self.writer.append(f"{self._prefix}-{next(self._numbers)}", record)
         return record
 
-    def _write(self, conn: psycopg.Connection[Any], batch: list[tuple[str, dict[str, Any]]]) -> None:
-        """Stores one batch, in one transaction (the writer's)."""
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO luftpause_records (key, run, type, record) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (key) DO NOTHING",
-                [(key, r["run"], r["type"], Json(r)) for key, r in batch],
-            )
+    def _write(self, conn: psycopg.Connection[Any], batch: Batch) -> None:
+        """Stores one batch, in one transaction (the writer's). A record of a run this runtime
+        holds goes in only while its lease is this runtime's; a spawn takes the run's lease, and
+        an end lets it go. A run's end and an approval decided are notified on `CHANNEL`: another
+        runtime may drive the run (a cancel, an approval) or wait on it (an await)."""
+        with conn.pipeline(), conn.cursor() as cur:
+            for key, r in batch:
+                run, kind = r["run"], r["type"]
+                row = {"key": key, "run": run, "type": kind, "record": Json(r), "owner": self.owner}
+                fenced = kind != "spawned" and not (kind in NOTIFIED and run not in self.leased)
+                cur.execute(FENCED_INSERT if fenced else INSERT, row)
+                if kind == "spawned":
+                    cur.execute(
+                        "INSERT INTO luftpause_leases (run, owner, expires) "
+                        "VALUES (%(run)s, %(owner)s, now() + make_interval(secs => %(lease)s)) "
+                        "ON CONFLICT (run) DO NOTHING",
+                        {**row, "lease": self.lease_s},
+                    )
+                elif kind == "finished":
+                    cur.execute("DELETE FROM luftpause_leases WHERE run = %s", (run,))
+                if kind in NOTIFIED:
+                    cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{kind} {run}"))
+
+    def _committed(self, batch: Batch) -> None:
+        """After a batch's commit: the leases its spawns took and its ends let go."""
+        for _, r in batch:
+            if r["type"] == "spawned":
+                self.leased.add(r["run"])
+            elif r["type"] == "finished":
+                self.leased.discard(r["run"])
 
     async def durable(self) -> None:
         await self.writer.durable()
@@ -221,6 +280,106 @@ class PostgresStore(RunStore):
 
     def replay(self, warn: bool = True) -> list[ReplayedRun]:
         return replay_records(self.records(), self.where, warn)
+
+    def load(self, handles: list[str]) -> list[ReplayedRun]:
+        if not handles:
+            return []
+        records = self.read(
+            lambda conn: [
+                r
+                for (r,) in conn.execute(
+                    "SELECT record FROM luftpause_records WHERE run = ANY(%s) ORDER BY seq", (handles,)
+                )
+            ]
+        )
+        return replay_records(records, self.where, warn=False)
+
+    # -- leases -----------------------------------------------------------------------------------
+
+    def take(self, handles: list[str]) -> set[str]:
+        """Takes the leases of these unfinished runs where none is held, or the holder's expired,
+        or the holder is this runtime (before a restart); the runs taken."""
+        taken = self.read(
+            lambda conn: {
+                h
+                for (h,) in conn.execute(
+                    "INSERT INTO luftpause_leases (run, owner, expires) "
+                    "SELECT h, %(owner)s, now() + make_interval(secs => %(lease)s) FROM unnest(%(runs)s::text[]) h "
+                    "ON CONFLICT (run) DO UPDATE SET owner = excluded.owner, expires = excluded.expires "
+                    "WHERE luftpause_leases.expires < now() OR luftpause_leases.owner = excluded.owner "
+                    "RETURNING run",
+                    {"owner": self.owner, "lease": self.lease_s, "runs": handles},
+                )
+            }
+        )
+        self.leased |= taken
+        return taken
+
+    def renew(self) -> set[str]:
+        """Renews every lease this runtime holds; returns the runs whose leases it held and holds
+        no more (another runtime took them once they expired, or a run was ended elsewhere)."""
+        held = set(self.leased)
+        renewed = self.read(
+            lambda conn: {
+                h
+                for (h,) in conn.execute(
+                    "UPDATE luftpause_leases SET expires = now() + make_interval(secs => %s) "
+                    "WHERE owner = %s RETURNING run",
+                    (self.lease_s, self.owner),
+                )
+            }
+        )
+        lost = held - renewed
+        self.leased -= lost
+        return lost
+
+    def release(self) -> None:
+        """Lets go of every lease this runtime holds (it stops, its loops stopped): another runtime
+        takes its runs at its keeper's next round instead of once the leases expire."""
+        self.read(
+            lambda conn: conn.execute(
+                "UPDATE luftpause_leases SET expires = now() WHERE owner = %s", (self.owner,)
+            )
+        )
+        self.leased.clear()
+
+    def take_expired(self) -> list[str]:
+        """Takes the lease of every run whose holder has not renewed it in time; the runs taken."""
+        taken = self.read(
+            lambda conn: [
+                h
+                for (h,) in conn.execute(
+                    "UPDATE luftpause_leases SET owner = %s, expires = now() + make_interval(secs => %s) "
+                    "WHERE expires < now() RETURNING run",
+                    (self.owner, self.lease_s),
+                )
+            ]
+        )
+        self.leased |= set(taken)
+        return taken
+
+    def listen(self, heard: Callable[[str | None, str | None], None], stopping: threading.Event) -> None:
+        """Calls `heard(kind, handle)` for each notification on `CHANNEL`, and `heard(None, None)`
+        after a connection lost and made again (whatever was notified meanwhile is lost), until
+        `stopping` is set. Blocking: run it on a thread of its own."""
+        conn: psycopg.Connection[Any] | None = None
+        while not stopping.is_set():
+            try:
+                if conn is None:
+                    conn = self.connect()
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    heard(None, None)
+                for note in conn.notifies(timeout=RETRY_S):
+                    kind, _, handle = note.payload.partition(" ")
+                    heard(kind, handle)
+            except (StoreUnavailable, psycopg.OperationalError) as e:
+                log.warning("listening to the run store: %s; trying again in %g s", reason_of(e), RETRY_S)
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                stopping.wait(RETRY_S)
+        if conn is not None:
+            conn.close()
 
     def compact(
         self, retention_s: float, now: float | None = None, archive_retention_s: float | None = None
@@ -349,9 +508,6 @@ class PostgresStore(RunStore):
         return dropped
 
 
-Batch = list[tuple[str, dict[str, Any]]]
-
-
 class PostgresWriter(GroupCommit):
     """Writes queued records to PostgreSQL from one thread, a transaction a batch, in order."""
 
@@ -359,10 +515,11 @@ class PostgresWriter(GroupCommit):
         self,
         connect: Callable[[], psycopg.Connection[Any]],
         write: Callable[[psycopg.Connection[Any], Batch], None],
+        committed: Callable[[Batch], None],
         where: str,
     ) -> None:
         super().__init__()
-        self._connect, self._write, self.where = connect, write, where
+        self._connect, self._write, self._after, self.where = connect, write, committed, where
         self._conn: psycopg.Connection[Any] | None = None
         # Set while the database cannot be reached: why, as the client is told.
         self.unreachable: str | None = None
@@ -423,6 +580,7 @@ class PostgresWriter(GroupCommit):
             except psycopg.Error as e:
                 self._fail(JournalError(f"the run store {self.where} refused a record: {reason_of(e)}"))
                 return
+            self._after(batch)
             if self.unreachable is not None:
                 log.warning("the run store %s is back; %d records written", self.where, len(batch))
                 self.unreachable = None

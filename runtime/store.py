@@ -14,6 +14,7 @@ whose message names the setting and what to do.
 
 from __future__ import annotations
 
+import socket
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -55,6 +56,9 @@ class RunStore(ABC):
 
     # Where the store is, for a person: a path, or a URL without its password.
     where: str
+    # Whether several runtimes share the store: then each run is driven by one of them at a
+    # time, under a lease (leases.py).
+    shared = False
 
     def new_record(self, record_type: str, run: str, **fields: Any) -> dict[str, Any]:
         return {"v": FORMAT_VERSION, "type": record_type, "run": run, "at": round(time.time(), 3), **fields}
@@ -102,6 +106,16 @@ class RunStore(ABC):
     def close(self) -> None:
         """Writes what is queued and lets go of the store."""
 
+    def take(self, handles: list[str]) -> set[str]:
+        """Of these unfinished runs, those this runtime is to drive (at start); with a store of
+        its own, every one."""
+        return set(handles)
+
+    def load(self, handles: list[str]) -> list[ReplayedRun]:
+        """Runs not archived as the store has them now, for runs another runtime drives; a store
+        of one runtime has none that it does not hold in memory."""
+        return []
+
     # -- the records --------------------------------------------------------------------------------
 
     def spawned(
@@ -140,7 +154,9 @@ class RunStore(ABC):
 
 def open_store(settings: RuntimeSettings, state_dir: Path, writer: JsonlWriter) -> RunStore:
     """The store `[runtime] store` names: the journal file in `state_dir` (through `writer`, shared
-    with tasks.jsonl), or PostgreSQL. `StoreUnavailable` when it cannot be opened."""
+    with tasks.jsonl), or PostgreSQL, where this runtime is named by its host and state directory
+    (one runtime at a time holds a state directory: state_lock.py), the same across its restarts.
+    `StoreUnavailable` when it cannot be opened."""
     if settings.store == FILE_STORE:
         from luftpause.runtime.journal import Journal
 
@@ -152,4 +168,5 @@ def open_store(settings: RuntimeSettings, state_dir: Path, writer: JsonlWriter) 
             f"[runtime] store names PostgreSQL, but its driver is not installed ({e}): install "
             'luftpause[postgresql], or set store = "file"'
         ) from None
-    return PostgresStore(settings.store)
+    owner = f"{socket.gethostname()}:{state_dir.resolve()}"
+    return PostgresStore(settings.store, owner=owner, lease_s=settings.lease_s)

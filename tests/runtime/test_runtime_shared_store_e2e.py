@@ -1,0 +1,128 @@
+"""Two runtimes on one PostgreSQL store, one killed with SIGKILL mid-run (issue 28, acceptance 1).
+
+A real PostgreSQL server (tests/conftest.py), a fake engine standing in for the dataplane, and
+two `luftpause runtime` processes on one database, each with its own counting tool server
+(tool_fixture.py, over stdio, a second a call, logging every call with its idempotency key).
+Sub-agents that plan three tool calls each are spawned through both; once each has a complete
+tool round in the store, runtime a is killed with SIGKILL. What a user must see: the runtime that
+is left takes a's runs once their leases expire and every run finishes, each awaited from it,
+with all three of its calls; no runtime sends a call twice, and a call goes to both runtimes'
+tool servers only when a had it in flight at the kill (tool calls are at least once; the second
+one carries the same idempotency key). The time from the kill until a's runs resumed is printed.
+"""
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from mcp import Client
+from support import Service, call, free_port, running, stack_config, task_planning, wait_until
+
+FIXTURE = Path(__file__).resolve().parent / "tool_fixture.py"
+# Sub-agents spawned through each runtime.
+RUNS_EACH = 16
+LEASE_S = 3.0
+
+
+def _runtime(directory: Path, name: str, url: str, engine_port: int) -> tuple[Service, int, Path]:
+    port, calls = free_port(), directory / f"calls-{name}.jsonl"
+    tool = {
+        "name": "counting",
+        "command": [sys.executable, str(FIXTURE), "--log", str(calls), "--delay", "1.0"],
+    }
+    runtime = {
+        "port": port,
+        "dataplane": f"http://127.0.0.1:{engine_port}",
+        "state_dir": str(directory / f"state-{name}"),
+        "store": url,
+        "lease_s": LEASE_S,
+        "max_running_per_caller": 4 * RUNS_EACH,
+        "mcp_servers": [tool],
+    }
+    config = stack_config.write(directory, {"runtime": runtime}, f"{name}.toml")
+    return (
+        Service(f"runtime-{name}", ["runtime", "--config", str(config)], directory / f"{name}.log"),
+        port,
+        calls,
+    )
+
+
+def _keys(calls: Path) -> list[str]:
+    return (
+        [json.loads(line)["key"] for line in calls.read_text().splitlines() if line] if calls.exists() else []
+    )
+
+
+def _stored(url: str, kind: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {
+            r for (r,) in conn.execute("SELECT DISTINCT run FROM luftpause_records WHERE type = %s", (kind,))
+        }
+
+
+@pytest.mark.timeout(300)
+async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path, postgres_url):
+    engine_port = free_port()
+    engine = Service(
+        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
+    )
+    a, a_port, a_calls = _runtime(tmp_path, "a", postgres_url, engine_port)
+    b, b_port, b_calls = _runtime(tmp_path, "b", postgres_url, engine_port)
+    with running(engine.start(), a.start(), b.start()):
+        engine.wait_http(f"http://127.0.0.1:{engine_port}/health")
+        for service, port in ((a, a_port), (b, b_port)):
+            service.wait_http(f"http://127.0.0.1:{port}/status")
+        tasks = [task_planning(3, f"shared {i}") for i in range(2 * RUNS_EACH)]
+        async with (
+            Client(f"http://127.0.0.1:{a_port}/mcp") as to_a,
+            Client(f"http://127.0.0.1:{b_port}/mcp") as to_b,
+        ):
+            handles = []
+            for i, task in enumerate(tasks):
+                client = to_a if i % 2 == 0 else to_b
+                handles.append(
+                    (await call(client, "spawn", task=task, tools=["lookup"], maxTokens=16))["handle"]
+                )
+            of_a = handles[0::2]
+            wait_until(
+                lambda: _stored(postgres_url, "round") >= set(handles),
+                timeout_s=120,
+                what="a tool round of every run",
+            )
+            shown = (await call(to_b, "status", handle=of_a[0]))["runs"]
+            os.kill(a.proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            a.proc.wait()
+            unfinished = set(of_a) - _stored(postgres_url, "finished")
+            assert unfinished, "a's runs all finished before the kill: nothing was taken over"
+            a_sent = Counter(_keys(a_calls))
+
+            wait_until(
+                lambda: "took over" in b.output(), timeout_s=60, interval_s=0.02, what="b to take a's runs"
+            )
+            resumed_s = time.monotonic() - killed
+            awaited = await call(to_b, "await", handles=handles, timeout=240)
+        print(f"\na's {len(unfinished)} unfinished runs resumed on b {resumed_s:.2f} s after the kill -9 "
+              f"(lease_s = {LEASE_S:g}); {2 * RUNS_EACH} runs in all")  # fmt: skip
+
+    assert [r["handle"] for r in shown] == [of_a[0]], "b answers status for a run a drives"
+    assert awaited["timedOut"] is False
+    assert [(r["status"], r["toolCalls"]) for r in awaited["runs"]] == [("finished", 3)] * len(handles)
+    assert resumed_s <= LEASE_S + LEASE_S / 3 + 2.0
+    taken = re.findall(r"took over (\d+) runs", b.output())
+    assert sum(map(int, taken)) == len(unfinished)
+
+    b_sent = Counter(_keys(b_calls))
+    assert max(a_sent.values()) == 1 and max(b_sent.values()) == 1, "no runtime sends one call twice"
+    assert len(a_sent | b_sent) == 3 * len(handles), "every call of every run, each under its own key"
+    again = set(a_sent) & set(b_sent)
+    print(f"calls a had in flight at the kill, sent again by b under the same key: {len(again)}")
+    # Sent again: only calls a had in flight at the kill (one a run at most: its calls run one by one).
+    assert all(key.split("/")[0] in unfinished for key in again) and len(again) <= len(unfinished)
