@@ -31,7 +31,9 @@ RUNS_EACH = 16
 LEASE_S = 3.0
 
 
-def _runtime(directory: Path, name: str, url: str, engine_port: int) -> tuple[Service, int, Path]:
+def runtime_on_store(directory: Path, name: str, url: str, engine_port: int) -> tuple[Service, int, Path]:
+    """A runtime (not started) on the store at `url`, its dataplane the fake engine on
+    `engine_port`, its tool server the counting fixture logging to the path returned."""
     port, calls = free_port(), directory / f"calls-{name}.jsonl"
     tool = {
         "name": "counting",
@@ -73,8 +75,8 @@ async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path
     engine = Service(
         "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
     )
-    a, a_port, a_calls = _runtime(tmp_path, "a", postgres_url, engine_port)
-    b, b_port, b_calls = _runtime(tmp_path, "b", postgres_url, engine_port)
+    a, a_port, a_calls = runtime_on_store(tmp_path, "a", postgres_url, engine_port)
+    b, b_port, b_calls = runtime_on_store(tmp_path, "b", postgres_url, engine_port)
     with running(engine.start(), a.start(), b.start()):
         engine.wait_http(f"http://127.0.0.1:{engine_port}/health")
         for service, port in ((a, a_port), (b, b_port)):

@@ -1,0 +1,99 @@
+"""MCP behind the balancer of compose.postgres.yaml: two runtimes on one PostgreSQL store, and
+HAProxy (Debian's package; .ci/run installs it) with the recipe's own deploy/haproxy/haproxy.cfg,
+its servers pointed at the two runtimes on loopback.
+
+A sessionless client (the 2026-07-28 wire) sends its requests round robin, one to each runtime
+in turn, and every tool answers wherever it lands: spawn on one, status and await on the other.
+A legacy session's requests all reach the runtime that opened it.
+"""
+
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from mcp import Client
+from support import Service, call, end_process, free_port, http_ok, running, task_planning, wait_until
+from test_runtime_shared_store_e2e import runtime_on_store
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+HAPROXY = shutil.which("haproxy") or next((p for p in ("/usr/sbin/haproxy",) if Path(p).exists()), None)
+
+
+def _balancer_config(directory: Path, port: int, a_port: int, b_port: int) -> Path:
+    """The recipe's config, listening on `port` and balancing over the runtimes on loopback."""
+    text = RECIPE.read_text()
+    text = text.replace("bind :7000", f"bind 127.0.0.1:{port}")
+    text = text.replace("runtime-a:7000", f"127.0.0.1:{a_port}").replace(
+        "runtime-b:7000", f"127.0.0.1:{b_port}"
+    )
+    path = directory / "haproxy.cfg"
+    path.write_text(text)
+    return path
+
+
+def _start_balancer(directory: Path, port: int, a_port: int, b_port: int, log: Path) -> subprocess.Popen:
+    """HAProxy on `port` once both runtimes answer; waited for until it routes to both."""
+    with log.open("ab") as out:
+        balancer = subprocess.Popen(
+            [str(HAPROXY), "-db", "-f", str(_balancer_config(directory, port, a_port, b_port))],
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/status"), what="haproxy to route")
+    except TimeoutError:
+        end_process(balancer, 15)
+        raise
+    return balancer
+
+
+def _served(log: Path) -> list[tuple[str, str]]:
+    """(runtime, session or "") of every MCP request HAProxy logged, in order."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    pattern = r" runtimes/(runtime-[ab]) .*?\{([^}]*)\} \"[A-Z]+ /mcp "
+    return [(m[1], m[2]) for line in lines if (m := re.search(pattern, line))]
+
+
+@pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed (apt-get install haproxy; .ci/run does)")
+@pytest.mark.timeout(240)
+async def test_a_client_whose_requests_reach_either_runtime_gets_every_answer(tmp_path, postgres_url):
+    engine_port, port = free_port(), free_port()
+    engine = Service(
+        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
+    )
+    a, a_port, _ = runtime_on_store(tmp_path, "a", postgres_url, engine_port)
+    b, b_port, _ = runtime_on_store(tmp_path, "b", postgres_url, engine_port)
+    log = tmp_path / "haproxy.log"
+    with running(engine.start(), a.start(), b.start()):
+        engine.wait_http(f"http://127.0.0.1:{engine_port}/health")
+        for service, p in ((a, a_port), (b, b_port)):
+            service.wait_http(f"http://127.0.0.1:{p}/status")
+        balancer = _start_balancer(tmp_path, port, a_port, b_port, log)
+        try:
+            url = f"http://127.0.0.1:{port}/mcp"
+            tasks = [task_planning(1, f"balanced {i}") for i in range(4)]
+            async with Client(url) as client:
+                handles = [(await call(client, "spawn", task=t, tools=["lookup"]))["handle"] for t in tasks]
+                shown = [(await call(client, "status", handle=h))["runs"][0]["handle"] for h in handles]
+                awaited = await call(client, "await", handles=handles, timeout=120)
+            sessionless = Counter(server for server, session in _served(log) if not session)
+            async with Client(url, mode="legacy") as legacy:
+                (one,) = [(await call(legacy, "spawn", task=tasks[0], tools=["lookup"]))["handle"]]
+                first = await call(legacy, "await", handles=[one], timeout=120)
+                again = await call(legacy, "status", handle=one)
+            sessions = {}
+            for server, session in _served(log):
+                if session:
+                    sessions.setdefault(session, set()).add(server)
+        finally:
+            end_process(balancer, 15)
+
+    assert shown == handles
+    assert [(r["status"], r["toolCalls"]) for r in awaited["runs"]] == [("finished", 1)] * 4
+    assert set(sessionless) == {"runtime-a", "runtime-b"}, f"requests went to {sessionless}"
+    assert first["runs"][0]["status"] == "finished" and again["runs"][0]["handle"] == one
+    assert sessions and all(len(servers) == 1 for servers in sessions.values()), sessions
