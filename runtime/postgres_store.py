@@ -434,11 +434,17 @@ class PostgresStore(RunStore):
             )
 
     def archive(self, runs: list[ReplayedRun]) -> None:
+        """Stores the runs in the archive and drops their records, in one transaction."""
         records = [archived_record(r) for r in runs]
 
         def insert(conn: psycopg.Connection[Any]) -> None:
+            # Their records leave with them: a fleet whose runtimes seldom restart (compaction is
+            # at start) would otherwise keep every record ever written.
             with conn.transaction():
                 self._insert_archived(conn, records)
+                conn.execute(
+                    "DELETE FROM luftpause_records WHERE run = ANY(%s)", ([r["run"] for r in records],)
+                )
 
         self.read(insert)
 
