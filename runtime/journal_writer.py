@@ -73,7 +73,7 @@ class GroupCommit:
             self._cond.wait()
         return bool(self._queue)
 
-    def _waiter(self) -> asyncio.Future[None] | None:
+    def waiter(self) -> asyncio.Future[None] | None:
         """A future resolved once every record appended so far is durable; None when they are."""
         loop = asyncio.get_running_loop()
         with self._cond:
@@ -156,7 +156,7 @@ class JsonlWriter(GroupCommit):
 
     async def durable(self, timeout_s: float = DURABLE_TIMEOUT_S) -> None:
         """Returns once every record appended so far is on disk; raises `JournalError` if it cannot be."""
-        future = self._waiter()
+        future = self.waiter()
         if future is None:
             return
         try:

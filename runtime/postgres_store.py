@@ -29,6 +29,7 @@ once that no new run can be kept.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -140,6 +141,10 @@ def unreachable(where: str, error: BaseException) -> str:
     )
 
 
+def refused_spawn(unreachable: str) -> str:
+    return f"{unreachable}; spawn is refused until it is back (running runs wait for it and go on)"
+
+
 def migrate(conn: psycopg.Connection[Any]) -> int:
     """Creates or upgrades the tables to `SCHEMA_VERSION`; returns the version found."""
     with conn.transaction():
@@ -222,10 +227,7 @@ class PostgresStore(RunStore):
     def append(self, record_type: str, run: str, **fields: Any) -> dict[str, Any]:
         record = self.new_record(record_type, run, **fields)
         if record_type == "spawned" and self.writer.unreachable is not None:
-            raise JournalError(
-                f"{self.writer.unreachable}; spawn is refused until it is back (running runs wait for it "
-                "and go on)"
-            )
+            raise JournalError(refused_spawn(self.writer.unreachable))
         self.writer.append(f"{self._prefix}-{next(self._numbers)}", record)
         return record
 
@@ -262,6 +264,17 @@ class PostgresStore(RunStore):
 
     async def durable(self) -> None:
         await self.writer.durable()
+
+    async def durable_spawn(self) -> None:
+        """Waits for the spawn's record as `durable` does, but refuses the spawn (JournalError)
+        as soon as the writer finds the database unreachable, within its connect timeout."""
+        future = self.writer.waiter()
+        while future is not None and not future.done():
+            await asyncio.wait({future}, timeout=RETRY_S)
+            if not future.done() and self.writer.unreachable is not None:
+                raise JournalError(refused_spawn(self.writer.unreachable))
+        if future is not None:
+            future.result()
 
     def close(self) -> None:
         try:
@@ -544,7 +557,7 @@ class PostgresWriter(GroupCommit):
 
     async def durable(self) -> None:
         """Returns once every record appended so far is stored; waits while the store is down."""
-        future = self._waiter()
+        future = self.waiter()
         if future is not None:
             await future
 

@@ -271,18 +271,23 @@ class Runs:
         the journal does not have must not go on in memory."""
         run = self.spawn(spec, caller, owner, parent)
         try:
-            await self.journal.durable()
-        except JournalError:
-            self._take_back(run)
+            await self.journal.durable_spawn()
+        except JournalError as e:
+            self._take_back(run, e)
             raise
         return run
 
-    def _take_back(self, run: Run) -> None:
+    def _take_back(self, run: Run, why: JournalError) -> None:
         if run.task is not None and not run.task.done():
             run.task.cancel()
         if run.parent is not None:
             run.parent.children.remove(run)
         self.forget(run)
+        # Its spawned record may still reach the store later (a database back after the refusal,
+        # a disk slow rather than failed): its end goes after it, so that nothing resumes a run
+        # its client was told was refused. A writer that failed for good takes neither.
+        with contextlib.suppress(JournalError):
+            self.journal.finished(run.handle, "failed", None, f"spawn refused: {why}", dict(run.counters))
 
     def forget(self, run: Run) -> None:
         """The run leaves memory (taken back, or moved to the archive), with its budget's timer."""

@@ -71,6 +71,11 @@ class RunStore(ABC):
     async def durable(self) -> None:
         """Returns once every record so far is stored; `JournalError` if it cannot be."""
 
+    async def durable_spawn(self) -> None:
+        """`durable` for a spawn, which a store may refuse sooner than a step: a client waiting for
+        its handle is told at once that no new run can be kept (postgres_store.py)."""
+        await self.durable()
+
     @abstractmethod
     def replay(self, warn: bool = True) -> list[ReplayedRun]:
         """Every run the store knows, in spawn order (journal.py's replay rules)."""

@@ -8,12 +8,15 @@ import sys
 
 import psycopg
 import pytest
-from support import PostgresUnavailable, amend_config, free_port, start_postgres, until, write_runtime_config
+from support import PostgresUnavailable, amend_config, free_port, start_postgres, write_runtime_config
 
 from luftpause.config import RuntimeSettings
 from luftpause.runtime.journal import Journal, ReplayedRun
 from luftpause.runtime.journal_writer import JournalError
-from luftpause.runtime.postgres_store import SCHEMA_VERSION, PostgresStore
+from luftpause.runtime.postgres_store import RETRY_S, SCHEMA_VERSION, PostgresStore
+from luftpause.runtime.run import Run
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import RunSpec
 from luftpause.runtime.store import StoreUnavailable
 
 COUNTERS = {"toolCalls": 1, "failedToolCalls": 0, "turns": 1, "promptTokens": 10, "completionTokens": 1}
@@ -91,23 +94,44 @@ async def test_while_the_database_is_down_spawn_is_refused_and_steps_wait_then_n
         server = start_postgres()
     except PostgresUnavailable as e:
         pytest.skip(f"no PostgreSQL server: {e}")
+    hold = asyncio.Event()
+
+    async def idle(runs: Runs, run: Run) -> None:
+        await hold.wait()
+
+    async def no_end(handle: str) -> None:
+        return None
+
     try:
         store = PostgresStore(server.url())
-        store.spawned("run-1", {"task": "t", "model": "m"}, None)
-        await store.durable()
+        runs = Runs(store, idle, no_end)
+        running = await runs.spawn_durably(RunSpec(task="before", model="m"), None)
         server.stop()
-        store.round("run-1", [{"role": "assistant", "content": "during"}], COUNTERS)
+        # The writer has not met the outage yet: the spawn finds it, and is refused within seconds.
+        with pytest.raises(JournalError, match=r"cannot be reached.*spawn is refused until it is back"):
+            await asyncio.wait_for(runs.spawn_durably(RunSpec(task="during", model="m"), None), 30)
+        runs.record_round(running, [{"role": "assistant", "content": "during"}])
         step = asyncio.ensure_future(store.durable())
-        await until(
-            lambda: store.writer.unreachable is not None, timeout_s=30, what="the writer to miss the store"
-        )
+        # Two of the writer's tries at the database pass with the step queued: it waits, it does not fail.
+        await asyncio.wait({step}, timeout=2 * RETRY_S)
         assert not step.done(), "a step waits for the store, it does not fail"
         with pytest.raises(JournalError, match=r"cannot be reached.*spawn is refused until it is back"):
-            store.spawned("run-2", {"task": "t", "model": "m"}, None)
+            runs.spawn(RunSpec(task="still down", model="m"), None)  # refused before anything is queued
         server.start()
         await asyncio.wait_for(step, 30)
         assert store.writer.unreachable is None
-        assert [r["type"] for r in store.records()] == ["spawned", "round"]
+        records = store.records()
+        assert [r["type"] for r in records if r["run"] == running.handle] == ["spawned", "round"]
+        others = [r for r in records if r["run"] != running.handle]
+        assert [(r["type"], r["spec"]["task"] if "spec" in r else r["status"]) for r in others] == [
+            ("spawned", "during"),
+            ("finished", "failed"),
+        ], "the refused spawn reached the store after all, and ended there: nothing resumes it"
+        assert others[1]["error"].startswith("spawn refused: the run store")
+        with psycopg.connect(server.url()) as conn:
+            leases = [h for (h,) in conn.execute("SELECT run FROM luftpause_leases")]
+        assert leases == [running.handle]
+        await runs.shutdown()
         store.close()
     finally:
         server.remove()
