@@ -117,7 +117,9 @@ async def test_the_runs_of_a_runtime_that_stops_renewing_resume_on_the_other_and
         began = time.monotonic()
         await until(lambda: run.handle in b.started, what="b to resume the run")
         took = time.monotonic() - began
-        assert 1.0 <= took <= 1.0 + 1.0 / 3 + 1.0, f"resumed {took:.2f} s after the last renewal"
+        # Not before the lease expires (its clock starts at the spawn's commit, a little before
+        # spawn returned), and by the keeper's round after it, with room for a loaded machine.
+        assert 0.9 <= took <= 1.0 + 1.0 / 3 + 2.0, f"resumed {took:.2f} s after the spawn"
         # a wakes up and goes on with the run: its steps are not written any more.
         a.runs.record_round(run, [{"role": "assistant", "content": "from a"}])
         await a.store.durable()
