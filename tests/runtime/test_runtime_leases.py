@@ -14,6 +14,7 @@ from support import until
 from luftpause.runtime.approvals import ask_approval, decide_approval
 from luftpause.runtime.leases import Leases
 from luftpause.runtime.postgres_store import PostgresStore
+from luftpause.runtime.restore import restore
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import RunSpec
@@ -127,6 +128,34 @@ async def test_the_runs_of_a_runtime_that_stops_renewing_resume_on_the_other_and
         b.release[run.handle].set()
         (ended,), timed_out = await b.runs.wait([run.handle], "all", 10)
         assert not timed_out and ended.result == "answer to orphaned"
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_runtime_restarted_takes_its_own_runs_back_at_once(postgres_url):
+    first = Runtime(postgres_url, "a", 60.0)
+    run = await first.spawn("across a restart")
+    await first.stop()  # as a crash leaves it: the lease still held, for a minute
+    again, other = Runtime(postgres_url, "a", 60.0), Runtime(postgres_url, "b", 60.0)
+    try:
+        restore(other.runs)
+        restore(again.runs)
+        await until(lambda: run.handle in again.started, what="the restarted runtime to resume its run")
+        assert other.started == [], "the lease is a's: b leaves the run alone"
+    finally:
+        await again.stop()
+        await other.stop()
+
+
+async def test_the_runs_of_a_runtime_that_stopped_cleanly_are_taken_at_the_next_round(postgres_url):
+    a, b = Runtime(postgres_url, "a", 60.0), Runtime(postgres_url, "b", 60.0)
+    try:
+        run = await a.spawn("handed over")
+        await a.runs.shutdown()
+        a.store.release()  # what a runtime's stop does once its loops have stopped
+        await b.leases.tick()  # b's next round, without waiting the 20 s for it
+        await until(lambda: b.started == [run.handle], what="b to resume the run")
     finally:
         await a.stop()
         await b.stop()
