@@ -107,11 +107,10 @@ class Runs:
         handles = list(dict.fromkeys(handles))
         missing = [h for h in handles if h not in self._runs and h not in self.foreign]
         archived, elsewhere = await asyncio.to_thread(self._stored, missing) if missing else ({}, [])
-        for replayed in elsewhere:
-            self._shown(replayed)
+        shown = {run.handle: run for run in map(self._shown, elsewhere) if run is not None}
         found = []
         for h in handles:
-            run = self._runs.get(h) or self.foreign.get(h) or archived.get(h)
+            run = self._runs.get(h) or self.foreign.get(h) or archived.get(h) or shown.get(h)
             if run is None:
                 raise UnknownRun(h)
             found.append(run)

@@ -159,3 +159,13 @@ async def test_the_runs_of_a_runtime_that_stopped_cleanly_are_taken_at_the_next_
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_run_that_ended_on_the_other_runtime_answers_there_and_here(pair):
+    a, b = pair
+    run = await a.spawn("ended far away")
+    a.release[run.handle].set()
+    await until(lambda: not run.running, what="a to finish the run")
+    await a.store.durable()
+    (seen,) = await b.runs.find([run.handle])  # b never saw it running
+    assert (seen.status, seen.result) == ("finished", "answer to ended far away")
