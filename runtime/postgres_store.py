@@ -7,6 +7,8 @@ so a runtime restores the same runs from here as from runs.jsonl.
     luftpause_schema   (version)                          the schema's version, one row
     luftpause_records  (seq, key, run, type, record)      every record not archived, by seq
     luftpause_archive  (run, parent, ended_at, record)    archived runs, the first record a run
+    luftpause_leases   (run, owner, expires)              who drives each unfinished run (leases.py)
+    luftpause_tasks    (task, run, ..., closed_status)    MCP tasks (tasks.py), for every runtime
 
 The runtime creates the tables and migrates them itself at start (`MIGRATIONS`, applied in turn
 under an advisory lock, so runtimes starting together migrate once); a database whose schema is
@@ -99,6 +101,18 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX luftpause_leases_expires ON luftpause_leases (expires);
     CREATE INDEX luftpause_leases_owner ON luftpause_leases (owner);
+    """,
+    # 3: MCP tasks (tasks.py), so that tasks/* answers on any runtime.
+    """
+    CREATE TABLE luftpause_tasks (
+        task text PRIMARY KEY,
+        run text NOT NULL,
+        created_at double precision NOT NULL,
+        updated_at double precision NOT NULL,
+        closed_status text,
+        closed_message text
+    );
+    CREATE INDEX luftpause_tasks_closed ON luftpause_tasks (updated_at) WHERE closed_status IS NOT NULL;
     """,
 )
 # Told "<record type> <handle>" when a run finishes or an approval is decided (leases.py listens).
@@ -238,6 +252,9 @@ class PostgresStore(RunStore):
         runtime may drive the run (a cancel, an approval) or wait on it (an await)."""
         with conn.pipeline(), conn.cursor() as cur:
             for key, r in batch:
+                if "task" in r:
+                    _write_task(cur, r)
+                    continue
                 run, kind = r["run"], r["type"]
                 row = {"key": key, "run": run, "type": kind, "record": Json(r), "owner": self.owner}
                 fenced = kind != "spawned" and not (kind in NOTIFIED and run not in self.leased)
@@ -254,9 +271,39 @@ class PostgresStore(RunStore):
                 if kind in NOTIFIED:
                     cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{kind} {run}"))
 
+    def append_task(self, record: dict[str, Any]) -> None:
+        """Queues a task's record (tasks.py: `created` or `closed`), in order with the runs'."""
+        self.writer.append(f"{self._prefix}-{next(self._numbers)}", record)
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        """A task as the store has it: task, run, created_at, updated_at, closed_status,
+        closed_message; None when it has none (never made, or trimmed)."""
+        row = self.read(
+            lambda conn: conn.execute(
+                "SELECT task, run, created_at, updated_at, closed_status, closed_message "
+                "FROM luftpause_tasks WHERE task = %s",
+                (task_id,),
+            ).fetchone()
+        )
+        keys = ("task", "run", "created_at", "updated_at", "closed_status", "closed_message")
+        return dict(zip(keys, row, strict=True)) if row else None
+
+    def trim_tasks(self, retention_s: float, now: float) -> int:
+        """Drops the tasks that ended more than `retention_s` before `now`; how many."""
+        return self.read(
+            lambda conn: (
+                conn.execute(
+                    "DELETE FROM luftpause_tasks WHERE closed_status IS NOT NULL AND updated_at < %s",
+                    (now - retention_s,),
+                ).rowcount
+            )
+        )
+
     def _committed(self, batch: Batch) -> None:
         """After a batch's commit: the leases its spawns took and its ends let go."""
         for _, r in batch:
+            if "task" in r:
+                continue
             if r["type"] == "spawned":
                 self.leased.add(r["run"])
             elif r["type"] == "finished":
@@ -525,6 +572,22 @@ class PostgresStore(RunStore):
         if dropped:
             log.info("archive trimmed: %d runs that ended more than %.0f s ago dropped", dropped, retention_s)
         return dropped
+
+
+def _write_task(cur: psycopg.Cursor[Any], record: dict[str, Any]) -> None:
+    """A task's record, as its row: made once, closed once (the first close stands)."""
+    if record["type"] == "created":
+        cur.execute(
+            "INSERT INTO luftpause_tasks (task, run, created_at, updated_at) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (task) DO NOTHING",
+            (record["task"], record["run"], record["at"], record["at"]),
+        )
+    elif record["type"] == "closed":
+        cur.execute(
+            "UPDATE luftpause_tasks SET closed_status = %s, closed_message = %s, updated_at = %s "
+            "WHERE task = %s AND closed_status IS NULL",
+            (record["status"], record.get("message"), record["at"], record["task"]),
+        )
 
 
 class PostgresWriter(GroupCommit):

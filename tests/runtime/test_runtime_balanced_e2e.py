@@ -1,4 +1,4 @@
-"""MCP behind the balancer of compose.postgres.yaml: two runtimes on one PostgreSQL store, and
+"""MCP behind the balancer of compose.postgres.yaml, and MCP Tasks across two runtimes: two runtimes on one PostgreSQL store, and
 HAProxy (Debian's package; .ci/run installs it) with the recipe's own deploy/haproxy/haproxy.cfg,
 its servers pointed at the two runtimes on loopback.
 
@@ -15,8 +15,17 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
-from support import Service, call, end_process, free_port, http_ok, running, task_planning, wait_until
-from test_runtime_shared_store_e2e import runtime_on_store
+from support import call, end_process, free_port, http_ok, task_planning, wait_until
+from test_runtime_approvals_e2e import (
+    ANY,
+    CreatedTask,
+    TasksClient,
+    UpdateParams,
+    UpdateTask,
+    destructive_task,
+    poll,
+)
+from test_runtime_shared_store_e2e import two_runtimes
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -61,18 +70,9 @@ def _served(log: Path) -> list[tuple[str, str]]:
 @pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed (apt-get install haproxy; .ci/run does)")
 @pytest.mark.timeout(240)
 async def test_a_client_whose_requests_reach_either_runtime_gets_every_answer(tmp_path, postgres_url):
-    engine_port, port = free_port(), free_port()
-    engine = Service(
-        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
-    )
-    a, a_port, _ = runtime_on_store(tmp_path, "a", postgres_url, engine_port)
-    b, b_port, _ = runtime_on_store(tmp_path, "b", postgres_url, engine_port)
-    log = tmp_path / "haproxy.log"
-    with running(engine.start(), a.start(), b.start()):
-        engine.wait_http(f"http://127.0.0.1:{engine_port}/health")
-        for service, p in ((a, a_port), (b, b_port)):
-            service.wait_http(f"http://127.0.0.1:{p}/status")
-        balancer = _start_balancer(tmp_path, port, a_port, b_port, log)
+    port, log = free_port(), tmp_path / "haproxy.log"
+    with two_runtimes(tmp_path, postgres_url) as (a, b):
+        balancer = _start_balancer(tmp_path, port, a.port, b.port, log)
         try:
             url = f"http://127.0.0.1:{port}/mcp"
             tasks = [task_planning(1, f"balanced {i}") for i in range(4)]
@@ -97,3 +97,31 @@ async def test_a_client_whose_requests_reach_either_runtime_gets_every_answer(tm
     assert set(sessionless) == {"runtime-a", "runtime-b"}, f"requests went to {sessionless}"
     assert first["runs"][0]["status"] == "finished" and again["runs"][0]["handle"] == one
     assert sessions and all(len(servers) == 1 for servers in sessions.values()), sessions
+
+
+@pytest.mark.timeout(240)
+async def test_a_task_made_on_one_runtime_is_answered_and_approved_on_the_other(tmp_path, postgres_url):
+    """MCP Tasks on the sessionless wire, as a round-robin balancer delivers them: the task is
+    made on runtime a; tasks/get on b sees its tool call wait for approval, tasks/update on b
+    answers it, and tasks/get on a then sees the run completed with the call made."""
+    with two_runtimes(tmp_path, postgres_url) as (a, b):
+        async with (
+            Client(a.url, extensions=[TasksClient()]) as on_a,
+            Client(b.url, extensions=[TasksClient()]) as on_b,
+        ):
+            created = await on_a.session.call_tool("run", destructive_task("shared task"), allow_claimed=True)
+            assert isinstance(created, CreatedTask)
+            waiting = await poll(on_b, created.task_id, {"input_required"})
+            ((key, request),) = waiting["inputRequests"].items()
+            assert "delete_file" in request["params"]["message"]
+            answer = {"action": "accept", "content": {"allow": True}}
+            await on_b.session.send_request(
+                UpdateTask(params=UpdateParams(task_id=created.task_id, input_responses={key: answer})), ANY
+            )
+            done = await poll(on_a, created.task_id, {"completed", "failed", "cancelled"})
+            seen_on_b = await poll(on_b, created.task_id, {"completed", "failed", "cancelled"})
+
+    assert done["status"] == "completed" and done["result"]["isError"] is False
+    assert done["result"]["structuredContent"]["failedToolCalls"] == 0
+    assert seen_on_b["status"] == "completed", (seen_on_b.get("statusMessage"), seen_on_b.get("error"))
+    assert not b.calls.exists(), "b never drove the run: a made the call its approval allowed"

@@ -11,6 +11,7 @@ tool servers only when a had it in flight at the kill (tool calls are at least o
 one carries the same idempotency key). The time from the kill until a's runs resumed is printed.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,8 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -33,9 +36,22 @@ RUNS_EACH = 16
 LEASE_S = 4.0
 
 
-def runtime_on_store(directory: Path, name: str, url: str, engine_port: int) -> tuple[Service, int, Path]:
+@dataclass
+class SharedRuntime:
+    """A runtime on the shared store: its service, port, and the log of its tool server's calls."""
+
+    service: Service
+    port: int
+    calls: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+
+def runtime_on_store(directory: Path, name: str, url: str, engine_port: int) -> SharedRuntime:
     """A runtime (not started) on the store at `url`, its dataplane the fake engine on
-    `engine_port`, its tool server the counting fixture logging to the path returned."""
+    `engine_port`, its tool server the counting fixture."""
     port, calls = free_port(), directory / f"calls-{name}.jsonl"
     tool = {
         "name": "counting",
@@ -51,11 +67,24 @@ def runtime_on_store(directory: Path, name: str, url: str, engine_port: int) -> 
         "mcp_servers": [tool],
     }
     config = stack_config.write(directory, {"runtime": runtime}, f"{name}.toml")
-    return (
-        Service(f"runtime-{name}", ["runtime", "--config", str(config)], directory / f"{name}.log"),
-        port,
-        calls,
+    service = Service(f"runtime-{name}", ["runtime", "--config", str(config)], directory / f"{name}.log")
+    return SharedRuntime(service, port, calls)
+
+
+@contextlib.contextmanager
+def two_runtimes(directory: Path, url: str) -> Iterator[tuple[SharedRuntime, SharedRuntime]]:
+    """A fake engine, and runtimes a and b on the store at `url`, started and answering; all
+    three stopped on the way out."""
+    engine_port = free_port()
+    engine = Service(
+        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], directory / "e.log"
     )
+    a, b = (runtime_on_store(directory, name, url, engine_port) for name in ("a", "b"))
+    with running(engine.start(), a.service.start(), b.service.start()):
+        engine.wait_http(f"http://127.0.0.1:{engine_port}/health")
+        for r in (a, b):
+            r.service.wait_http(f"http://127.0.0.1:{r.port}/status")
+        yield a, b
 
 
 def _keys(calls: Path) -> list[str]:
@@ -73,20 +102,12 @@ def _stored(url: str, kind: str) -> set[str]:
 
 @pytest.mark.timeout(300)
 async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path, postgres_url):
-    engine_port = free_port()
-    engine = Service(
-        "engine", ["fake-engine", "--name", "fake-a", "--port", str(engine_port)], tmp_path / "e.log"
-    )
-    a, a_port, a_calls = runtime_on_store(tmp_path, "a", postgres_url, engine_port)
-    b, b_port, b_calls = runtime_on_store(tmp_path, "b", postgres_url, engine_port)
-    with running(engine.start(), a.start(), b.start()):
-        engine.wait_http(f"http://127.0.0.1:{engine_port}/health")
-        for service, port in ((a, a_port), (b, b_port)):
-            service.wait_http(f"http://127.0.0.1:{port}/status")
+    with two_runtimes(tmp_path, postgres_url) as (runtime_a, runtime_b):
+        a, b = runtime_a.service, runtime_b.service
         tasks = [task_planning(3, f"shared {i}") for i in range(2 * RUNS_EACH)]
         async with (
-            Client(f"http://127.0.0.1:{a_port}/mcp") as to_a,
-            Client(f"http://127.0.0.1:{b_port}/mcp") as to_b,
+            Client(runtime_a.url) as to_a,
+            Client(runtime_b.url) as to_b,
         ):
             handles = []
             for i, task in enumerate(tasks):
@@ -106,7 +127,7 @@ async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path
             a.proc.wait()
             unfinished = set(of_a) - _stored(postgres_url, "finished")
             assert unfinished, "a's runs all finished before the kill: nothing was taken over"
-            a_sent = Counter(_keys(a_calls))
+            a_sent = Counter(_keys(runtime_a.calls))
 
             wait_until(
                 lambda: "took over" in b.output(), timeout_s=60, interval_s=0.02, what="b to take a's runs"
@@ -125,7 +146,7 @@ async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path
     taken = re.findall(r"took over (\d+) runs", b.output())
     assert sum(map(int, taken)) == len(unfinished)
 
-    b_sent = Counter(_keys(b_calls))
+    b_sent = Counter(_keys(runtime_b.calls))
     assert max(a_sent.values()) == 1 and max(b_sent.values()) == 1, "no runtime sends one call twice"
     assert len(a_sent | b_sent) == 3 * len(handles), "every call of every run, each under its own key"
     again = set(a_sent) & set(b_sent)
