@@ -26,7 +26,17 @@ from pathlib import Path
 import psycopg
 import pytest
 from mcp import Client
-from support import Service, call, free_port, running, stack_config, task_planning, wait_until
+from support import (
+    PostgresUnavailable,
+    Service,
+    call,
+    free_port,
+    running,
+    stack_config,
+    start_postgres,
+    task_planning,
+    wait_until,
+)
 
 FIXTURE = Path(__file__).resolve().parent / "tool_fixture.py"
 # Sub-agents spawned through each runtime.
@@ -153,3 +163,36 @@ async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path
     print(f"calls a had in flight at the kill, sent again by b under the same key: {len(again)}")
     # Sent again: only calls a had in flight at the kill (one a run at most: its calls run one by one).
     assert all(key.split("/")[0] in unfinished for key in again) and len(again) <= len(unfinished)
+
+
+@pytest.mark.timeout(300)
+async def test_runs_ride_out_the_database_going_down_and_spawn_is_refused_meanwhile(tmp_path):
+    """The database stopped mid-run under two runtimes: a spawn is refused naming the store, and
+    once it is back every run goes on from where it was and finishes, nothing lost."""
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as e:
+        pytest.skip(f"no PostgreSQL server: {e}")
+    try:
+        with two_runtimes(tmp_path, server.url()) as (a, b):
+            tasks = [task_planning(3, f"outage {i}") for i in range(4)]
+            async with Client(a.url) as to_a, Client(b.url) as to_b:
+                handles = [
+                    (await call(c, "spawn", task=t, tools=["lookup"], maxTokens=16))["handle"]
+                    for c, t in zip((to_a, to_b, to_a, to_b), tasks, strict=True)
+                ]
+                wait_until(lambda: _stored(server.url(), "round") >= set(handles), timeout_s=120,
+                           what="a tool round of every run")  # fmt: skip
+                unfinished = set(handles) - _stored(server.url(), "finished")
+                server.stop()
+                refused = await to_a.call_tool("spawn", {"task": "during the outage", "tools": ["lookup"]})
+                server.start()
+                awaited = await call(to_b, "await", handles=handles, timeout=180)
+    finally:
+        server.remove()
+
+    assert unfinished, "every run finished before the database went down: nothing rode it out"
+    assert refused.is_error
+    assert "([runtime] store) cannot be reached" in refused.content[0].text
+    assert "spawn is refused until it is back" in refused.content[0].text
+    assert [(r["status"], r["toolCalls"], r["error"]) for r in awaited["runs"]] == [("finished", 3, None)] * 4
