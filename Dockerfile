@@ -21,7 +21,7 @@ COPY fake_engine/ fake_engine/
 COPY fake_mcp/ fake_mcp/
 COPY loadgen/ loadgen/
 COPY bench/ bench/
-RUN /opt/luftpause/bin/pip install --no-cache-dir . && /opt/luftpause/bin/luftpause --version
+RUN /opt/luftpause/bin/pip install --no-cache-dir '.[postgresql]' && /opt/luftpause/bin/luftpause --version
 
 FROM python:3.12.8-slim-bookworm
 ARG LUFTPAUSE_VERSION=dev

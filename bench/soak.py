@@ -8,13 +8,18 @@ load stopped: each service's growth from the median of the first minute to the m
 last, and the scheduler's in-flight and held counts, which must be back to zero. A markdown
 table and the JSON under bench/results/, and a PNG of the series.
 
+With `--store`, the runtime keeps its runs in PostgreSQL (`[runtime] store`): a URL, or
+`postgresql` for a throwaway server on this machine.
+
     luftpause bench soak [--duration-s 600] [--every-s 10] [--agents 8] [--spawn 4] [--retention-s S]
+                         [--store postgresql|URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -207,9 +212,16 @@ def _plot(samples: list[dict[str, Any]], path: Path) -> Path | None:
 
 
 def run(
-    duration_s: float, every_s: float, agents: int, spawn: int, retention_s: float | None = None
+    duration_s: float,
+    every_s: float,
+    agents: int,
+    spawn: int,
+    retention_s: float | None = None,
+    store: str | None = None,
 ) -> dict[str, Any]:
-    extra = {"retention_s": retention_s} if retention_s is not None else {}
+    extra: dict[str, Any] = {"retention_s": retention_s} if retention_s is not None else {}
+    if store is not None:
+        extra["store"] = store
     with LoadedStack("luftpause-soak-", runtime_extra=extra) as stack:
         stack.own_loop_agents(agents, duration_s, "soak")
         counts: dict[str, int] = {"spawn_errors": 0}
@@ -282,11 +294,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--retention-s", type=float, help="the runtime's retention window (default: the config's, 120 s)"
     )
+    p.add_argument(
+        "--store",
+        help='the runtime\'s run store: a PostgreSQL URL, or "postgresql" for a throwaway server '
+        "(bench/postgres_server.py); default the config's, the journal file",
+    )
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     if not Path("/proc/self/status").exists():
         raise SystemExit("luftpause bench soak reads /proc: it runs on Linux")
-    record = run(args.duration_s, args.every_s, args.agents, args.spawn, args.retention_s)
+    with contextlib.ExitStack() as stack:
+        store = args.store
+        if store == "postgresql":
+            from luftpause.bench.postgres_server import start_postgres
+
+            server = start_postgres()
+            stack.callback(server.remove)
+            store = server.new_database()
+        record = run(args.duration_s, args.every_s, args.agents, args.spawn, args.retention_s, store)
+    if store is not None:
+        record["store"] = "postgresql" if store.startswith("postgres") else store
     table = _table(record)
     print(table)
     if not args.no_record:

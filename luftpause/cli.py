@@ -319,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
             "faults",
             "status_page",
             "dashboard_plot",
+            "store",
         ],  # fmt: skip
         help="which benchmark",
     )

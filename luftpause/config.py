@@ -215,6 +215,15 @@ class RuntimeSettings(HttpPortSettings):
     max_body_bytes: int = Field(default=RUNTIME_MAX_BODY_BYTES, ge=1024)
     dataplane: str = f"http://127.0.0.1:{DATAPLANE_PORT}"
     state_dir: str = "state"
+    # Where runs are kept (runtime/store.py): "file", runs.jsonl in the state directory (one
+    # runtime, no server), or a PostgreSQL URL ("postgresql://user:password@host:5432/db"), the
+    # store several runtimes share (runtime/postgres_store.py). The runtime creates and migrates
+    # its tables there itself.
+    store: str = "file"
+    # With PostgreSQL: how long a runtime's hold on a run it drives lasts unless renewed (it is
+    # renewed every third of it); a runtime that stops renewing (killed, cut off) loses its runs
+    # to another runtime this long after its last renewal.
+    lease_s: float = Field(default=15.0, ge=1)
     default_model: str = DEFAULT_MODEL
     # How long a run tree, once all of it has ended, stays in memory before it moves to
     # archive.jsonl (and leaves runs.jsonl at the next start), from which await, status <handle>,
@@ -245,6 +254,16 @@ class RuntimeSettings(HttpPortSettings):
     # forgotten, in memory and in tasks.jsonl (rewritten without it).
     task_retention_s: float = Field(default=3600.0, gt=0)
     mcp_servers: list[McpServer] = [McpServer(name="fake-mcp", url=f"http://127.0.0.1:{FAKE_MCP_PORT}/mcp")]
+
+    @field_validator("store")
+    @classmethod
+    def _store_is_known(cls, value: str) -> str:
+        if value != "file" and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                f'store {value!r} is neither "file" nor a PostgreSQL URL: give "file" for runs.jsonl '
+                'in the state directory, or "postgresql://user:password@host:5432/database"'
+            )
+        return value
 
     @model_validator(mode="after")
     def _archive_outlives_memory(self) -> RuntimeSettings:

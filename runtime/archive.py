@@ -38,7 +38,8 @@ class _Index:
     oldest: float | None = None
 
 
-def _parent(record: dict[str, Any]) -> str | None:
+def parent_of(record: dict[str, Any]) -> str | None:
+    """The handle of the run's parent, as its spec names it (None: a root, or itself)."""
     spec = record.get("spec")
     parent = spec.get("parent") if isinstance(spec, dict) else None
     return parent if isinstance(parent, str) and parent != record.get("run") else None
@@ -95,7 +96,7 @@ class Archive:
             self._index = self._scan()
         return self._index
 
-    def __contains__(self, handle: str) -> bool:
+    def __contains__(self, handle: object) -> bool:
         with self._lock:
             return handle in self._indexed().offsets
 
@@ -235,7 +236,7 @@ def _note(index: _Index, record: dict, offset: int) -> None:
     if handle in index.offsets:
         return
     index.offsets[handle] = offset
-    parent = _parent(record)
+    parent = parent_of(record)
     if parent is not None:
         index.children.setdefault(parent, []).append(handle)
     at = _ended_at(record)

@@ -1,4 +1,8 @@
-"""The run journal: `runs.jsonl`, the only state the runtime keeps between restarts.
+"""The run journal: `runs.jsonl`, the embedded run store (store.py), and the records every store holds.
+
+The PostgreSQL store (postgres_store.py) keeps these same records, a row each, and replays and
+compacts them by this module's rules (`replay_records`, `plan_compaction`); what follows says how
+the file keeps them.
 
 One JSON object per line, appended, never rewritten. Records are written off the event loop by
 the writer shared with tasks.jsonl (journal_writer.py: in order, with group commit), and each
@@ -78,6 +82,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,24 +90,12 @@ from typing import Any
 from luftpause.runtime.archive import Archive
 from luftpause.runtime.budgets import LIMIT_ARGUMENTS, own_trip
 from luftpause.runtime.journal_writer import JsonlWriter
+from luftpause.runtime.store import COUNTERS, FORMAT_VERSION, SECONDS_COUNTERS, RunStore, rounded
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 FILE_NAME = "runs.jsonl"
 ARCHIVE_NAME = "archive.jsonl"
-
-COUNTERS = (
-    "toolCalls",
-    "failedToolCalls",
-    "turns",
-    "promptTokens",
-    "completionTokens",
-    "turnSeconds",
-    "toolSeconds",
-)
-# Counters that are durations, kept as floats; the others are whole numbers.
-SECONDS_COUNTERS = ("turnSeconds", "toolSeconds")
 
 
 def new_counters() -> dict[str, float]:
@@ -119,11 +112,6 @@ def read_counters(record: dict[str, Any]) -> dict[str, float]:
             except (TypeError, ValueError):
                 continue
     return out
-
-
-def rounded(counters: dict[str, float]) -> dict[str, float]:
-    """Counters as written: durations to the millisecond."""
-    return {k: round(v, 3) if k in SECONDS_COUNTERS else v for k, v in counters.items()}
 
 
 @dataclass
@@ -150,11 +138,12 @@ class ReplayedRun:
     budget_exceeded: str | None = None
 
 
-class Journal:
+class Journal(RunStore):
     """Appends records to `<state_dir>/runs.jsonl` through the shared writer, and replays them."""
 
     def __init__(self, state_dir: str | os.PathLike[str], writer: JsonlWriter | None = None) -> None:
         self.path = Path(state_dir) / FILE_NAME
+        self.where = str(self.path)
         self._own_writer = writer is None
         self.writer = writer or JsonlWriter()
         # A torn last line (a crash mid-write) is ended first: the fragment stays for anyone
@@ -164,46 +153,13 @@ class Journal:
 
     def append(self, record_type: str, run: str, **fields: Any) -> dict[str, Any]:
         """Queues one record, in order; `durable` says when it is on disk."""
-        record = {"v": FORMAT_VERSION, "type": record_type, "run": run, "at": round(time.time(), 3), **fields}
+        record = self.new_record(record_type, run, **fields)
         self.writer.append(self.path, record)
         return record
 
     async def durable(self) -> None:
         """Returns once every record so far is on disk; `JournalError` if it cannot be."""
         await self.writer.durable()
-
-    def spawned(
-        self,
-        run: str,
-        spec: dict[str, Any],
-        caller: str | None,
-        owner: str | None = None,
-        traceparent: str | None = None,
-    ) -> None:
-        extra: dict[str, str] = {"owner": owner} if owner is not None else {}
-        if traceparent:
-            extra["traceparent"] = traceparent
-        self.append("spawned", run, spec=spec, caller=caller, **extra)
-
-    def round(self, run: str, messages: list[dict[str, Any]], counters: dict[str, float]) -> None:
-        self.append("round", run, messages=messages, **rounded(counters))
-
-    def turn(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
-        self.append("turn", run, message=message, **rounded(counters))
-
-    def call(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
-        self.append("call", run, message=message, **rounded(counters))
-
-    def asked(self, run: str, call_id: str, tool: str, deadline: float) -> None:
-        self.append("asked", run, call=call_id, tool=tool, deadline=round(deadline, 3))
-
-    def approval(self, run: str, call_id: str, tool: str, allow: bool) -> None:
-        self.append("approval", run, call=call_id, tool=tool, allow=allow)
-
-    def finished(
-        self, run: str, status: str, result: str | None, error: str | None, counters: dict[str, float]
-    ) -> None:
-        self.append("finished", run, status=status, result=result, error=error, **rounded(counters))
 
     def close(self) -> None:
         self.writer.close_file(self.path)
@@ -214,7 +170,11 @@ class Journal:
         """Every run the journal knows, in spawn order; `warn`: a warning for each record skipped
         (off right after `compact`, which has said so already)."""
         self.writer.flush()
-        return _replay(read_records(self.path, warn), self.path, warn)
+        return replay_records(read_records(self.path, warn), self.where, warn)
+
+    def records(self) -> list[dict[str, Any]]:
+        self.writer.flush()
+        return read_records(self.path)
 
     # -- keeping it small ---------------------------------------------------------------------------
 
@@ -234,39 +194,20 @@ class Journal:
         self.writer.flush()
         # It warns of what it skips; the replay at start, right after, then need not again.
         records = read_records(self.path)
-        by_run: dict[str, list[dict[str, Any]]] = {}
-        for record in records:
-            handle = record.get("run")
-            if isinstance(handle, str) and (handle in by_run or record.get("type") == "spawned"):
-                by_run.setdefault(handle, []).append(record)
-        runs = {r.handle: r for r in _replay(records, self.path, warn=True)}
-        children: dict[str, list[str]] = {}
-        for run in runs.values():
-            parent = run.spec.get("parent")
-            if isinstance(parent, str) and parent in runs and parent != run.handle:
-                children.setdefault(parent, []).append(run.handle)
-        archived = self.archive_file
-        # Old trees, and runs that left memory for the archive while the last process ran.
-        leaving = set(_old_trees(runs, children, retention_s, now))
-        leaving |= {h for h, r in runs.items() if r.finished is not None and h in archived}
-        kept: list[dict[str, Any]] = []
-        for handle, own in by_run.items():
-            replayed = runs.get(handle)
-            if handle in leaving:
-                continue
-            # A run replay could not read stays as it was: it is the evidence of what went wrong.
-            kept.extend(own if replayed is None or replayed.finished is None else [own[0], replayed.finished])
-        if not leaving and len(kept) == len(records):
+        plan = plan_compaction(records, self.archive_file, retention_s, now, self.where)
+        if plan.unchanged:
             return 0
-        fresh = [_archived_record(runs[h]) for h in runs if h in leaving and h not in archived]
-        self.archive_file.append(fresh)
+        self.archive_file.append(plan.archive)
         self.writer.close_file(self.path)
-        replace_durably(self.path, kept)
+        replace_durably(self.path, plan.kept)
         self.writer.open(self.path)
         log.info(
-            "journal compacted: %d records kept of %d, %d runs archived", len(kept), len(records), len(fresh)
+            "journal compacted: %d records kept of %d, %d runs archived",
+            len(plan.kept),
+            len(records),
+            len(plan.archive),
         )
-        return len(fresh)
+        return len(plan.archive)
 
     def archive(self, runs: list[ReplayedRun]) -> None:
         """Appends runs leaving memory to the archive (durably, before they are forgotten).
@@ -275,11 +216,58 @@ class Journal:
         memory; eviction forgets a run once it is written here), so nothing is checked. A write
         that failed part-way leaves its runs in memory, to be written again at the next pass:
         readers take a run's first archive record."""
-        self.archive_file.append([_archived_record(r) for r in runs])
+        self.archive_file.append([archived_record(r) for r in runs])
 
     def archived(self, handle: str) -> dict[str, Any] | None:
         """The archive's record of a run (its first), or None: one line read, by the index."""
         return self.archive_file.record(handle)
+
+    def archived_trees(self, handles: list[str]) -> dict[str, list[dict[str, Any]]]:
+        return self.archive_file.trees(handles)
+
+    def trim_archive(self, retention_s: float, now: float) -> int:
+        return self.archive_file.trim(retention_s, now)
+
+
+@dataclass
+class Compaction:
+    """What a compaction keeps of the records, and the archive records of the runs that leave."""
+
+    kept: list[dict[str, Any]]
+    archive: list[dict[str, Any]]
+    unchanged: bool
+
+
+def plan_compaction(
+    records: list[dict[str, Any]], archived: Container[str], retention_s: float, now: float, where: str
+) -> Compaction:
+    """The compaction of a store's records, as the module says (every store compacts by it): of a
+    finished run only its `spawned` and `finished` records are kept; a tree whose runs all
+    finished more than `retention_s` before `now`, or a finished run already in the archive,
+    leaves; a run replay could not read stays as it was."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        handle = record.get("run")
+        if isinstance(handle, str) and (handle in by_run or record.get("type") == "spawned"):
+            by_run.setdefault(handle, []).append(record)
+    runs = {r.handle: r for r in replay_records(records, where, warn=True)}
+    children: dict[str, list[str]] = {}
+    for run in runs.values():
+        parent = run.spec.get("parent")
+        if isinstance(parent, str) and parent in runs and parent != run.handle:
+            children.setdefault(parent, []).append(run.handle)
+    # Old trees, and runs that left memory for the archive while the last process ran.
+    leaving = set(_old_trees(runs, children, retention_s, now))
+    leaving |= {h for h, r in runs.items() if r.finished is not None and h in archived}
+    kept: list[dict[str, Any]] = []
+    for handle, own in by_run.items():
+        replayed = runs.get(handle)
+        if handle in leaving:
+            continue
+        # A run replay could not read stays as it was: it is the evidence of what went wrong.
+        kept.extend(own if replayed is None or replayed.finished is None else [own[0], replayed.finished])
+    fresh = [archived_record(runs[h]) for h in runs if h in leaving and h not in archived]
+    return Compaction(kept, fresh, unchanged=not leaving and len(kept) == len(records))
 
 
 def _old_trees(
@@ -309,7 +297,7 @@ def _finished_at(record: dict[str, Any]) -> float:
         return 0.0
 
 
-def _archived_record(run: ReplayedRun) -> dict[str, Any]:
+def archived_record(run: ReplayedRun) -> dict[str, Any]:
     end = run.finished or {}
     return {
         "v": FORMAT_VERSION,
@@ -370,18 +358,20 @@ def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
     return records
 
 
-def _replay(records: list[dict[str, Any]], path: Path, warn: bool) -> list[ReplayedRun]:
+def replay_records(records: list[dict[str, Any]], where: str, warn: bool = True) -> list[ReplayedRun]:
+    """The runs the records tell of, by the rules the module gives; `where` names the store in
+    warnings."""
     runs: dict[str, ReplayedRun] = {}
     for record in records:
         try:
-            _fold(runs, record, path, warn)
+            _fold(runs, record, where, warn)
         except (TypeError, ValueError, AttributeError) as e:
             log.log(logging.WARNING if warn else logging.DEBUG, "%s: %s record of run %r is malformed (%s); skipped",
-                    path, record.get("type"), record.get("run"), e)  # fmt: skip
+                    where, record.get("type"), record.get("run"), e)  # fmt: skip
     return list(runs.values())
 
 
-def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn: bool = True) -> None:
+def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], where: str, warn: bool = True) -> None:
     """Applies one record; TypeError or ValueError when its fields are not of the documented types."""
     level = logging.WARNING if warn else logging.DEBUG
     kind, handle = record.get("type"), record.get("run")
@@ -389,7 +379,7 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn
         return
     if kind == "spawned":
         if handle in runs:
-            log.log(level, "%s: run %s is spawned a second time; the first record stands", path, handle)
+            log.log(level, "%s: run %s is spawned a second time; the first record stands", where, handle)
             return
         runs[handle] = ReplayedRun(
             handle=handle,
@@ -402,7 +392,7 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], path: Path, warn
         return
     run = runs.get(handle)
     if run is None:
-        log.log(level, "%s: %s record for run %s, which was never spawned; skipped", path, kind, handle)
+        log.log(level, "%s: %s record for run %s, which was never spawned; skipped", where, kind, handle)
         return
     if run.finished is not None:
         return

@@ -51,22 +51,79 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-class JsonlWriter:
-    """Appends JSON lines to the files it opened, in order, from one thread."""
+class GroupCommit:
+    """What a store's writer thread and those waiting on it share: how many records were
+    appended and how many are durable, the waiters of `durable`, and a failure that ends it.
+    JsonlWriter (here) and the PostgreSQL store's writer (postgres_store.py) build on it."""
 
-    def __init__(self, observe: Callable[[float], None] | None = None) -> None:
-        # Told each group commit's write-and-fsync time, in seconds, from the writer thread.
-        self._observe = observe
+    def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._files: dict[Path, FileIO] = {}
-        # Each open file's length up to its last durable line: a failed batch is cut back to it.
-        self._sizes: dict[Path, int] = {}
-        self._queue: list[tuple[Path, str]] = []
-        self._appended = 0  # lines queued so far
-        self._durable = 0  # of those, the lines on disk
+        self._appended = 0  # records queued so far
+        self._durable = 0  # of those, the records stored
         self._failed: JournalError | None = None
         self._closing = False
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # What the writer thread has still to write, in order.
+        self._queue: list[Any] = []
+
+    def _work(self) -> bool:
+        """Under `_cond`, in the writer thread: waits until something is queued (True) or the
+        writer is closing with nothing left (False)."""
+        while not self._queue and not self._closing:
+            self._cond.wait()
+        return bool(self._queue)
+
+    def waiter(self) -> asyncio.Future[None] | None:
+        """A future resolved once every record appended so far is durable; None when they are."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._failed is not None:
+                raise self._failed
+            upto = self._appended
+            if self._durable >= upto:
+                return None
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((upto, loop, future))
+        return future
+
+    def flush(self) -> None:
+        """Blocks until every record appended so far is durable (start, stop, replay)."""
+        with self._cond:
+            upto = self._appended
+            while self._durable < upto and self._failed is None:
+                self._cond.wait()
+            if self._failed is not None:
+                raise self._failed
+
+    def _committed(self, upto: int) -> None:
+        """The first `upto` records are durable: wakes whoever waits for them. Under `_cond`."""
+        self._durable = upto
+        ready = [w for w in self._waiters if w[0] <= upto]
+        self._waiters = [w for w in self._waiters if w[0] > upto]
+        self._cond.notify_all()
+        for _, loop, future in ready:
+            wake(loop, future, None)
+
+    def _fail(self, error: JournalError) -> None:
+        log.error("%s; every step from now on fails until the runtime is restarted", error)
+        with self._cond:
+            self._failed = error
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for _, loop, future in waiters:
+            wake(loop, future, error)
+
+
+class JsonlWriter(GroupCommit):
+    """Appends JSON lines to the files it opened, in order, from one thread."""
+
+    def __init__(self, observe: Callable[[float], None] | None = None) -> None:
+        super().__init__()
+        # Told each group commit's write-and-fsync time, in seconds, from the writer thread.
+        self._observe = observe
+        self._files: dict[Path, FileIO] = {}
+        # Each open file's length up to its last durable line: a failed batch is cut back to it.
+        self._sizes: dict[Path, int] = {}
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -99,30 +156,15 @@ class JsonlWriter:
 
     async def durable(self, timeout_s: float = DURABLE_TIMEOUT_S) -> None:
         """Returns once every record appended so far is on disk; raises `JournalError` if it cannot be."""
-        loop = asyncio.get_running_loop()
-        with self._cond:
-            if self._failed is not None:
-                raise self._failed
-            upto = self._appended
-            if self._durable >= upto:
-                return
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiters.append((upto, loop, future))
+        future = self.waiter()
+        if future is None:
+            return
         try:
             await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise JournalError(
                 f"the disk took more than {timeout_s:g} s to write the journal; the step is not acknowledged"
             ) from None
-
-    def flush(self) -> None:
-        """Blocks until every record appended so far is on disk (startup, shutdown, replay)."""
-        with self._cond:
-            upto = self._appended
-            while self._durable < upto and self._failed is None:
-                self._cond.wait()
-            if self._failed is not None:
-                raise self._failed
 
     def close_file(self, path: Path) -> None:
         """Writes what is queued, then closes `path`; later appends to it fail."""
@@ -153,9 +195,7 @@ class JsonlWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if not self._queue:
+                if not self._work():
                     return
                 batch, self._queue = self._queue, []
                 upto = self._appended
@@ -186,12 +226,7 @@ class JsonlWriter:
                 for path, n in written.items():
                     if self._files.get(path) is files[path]:  # not closed and opened again since
                         self._sizes[path] += n
-                self._durable = upto
-                ready = [w for w in self._waiters if w[0] <= upto]
-                self._waiters = [w for w in self._waiters if w[0] > upto]
-                self._cond.notify_all()
-            for _, loop, future in ready:
-                self._wake(loop, future, None)
+                self._committed(upto)
 
     @staticmethod
     def _cut_back(files: dict[Path, FileIO], sizes: dict[Path, int], written: dict[Path, int]) -> None:
@@ -211,20 +246,10 @@ class JsonlWriter:
             except OSError:
                 pass  # it reads back cut all the same; only a crash now could bring the lines back
 
-    def _fail(self, error: JournalError) -> None:
-        log.error("%s; every step from now on fails until the runtime is restarted", error)
-        with self._cond:
-            self._failed = error
-            waiters, self._waiters = self._waiters, []
-            self._cond.notify_all()
-        for _, loop, future in waiters:
-            self._wake(loop, future, error)
 
-    @staticmethod
-    def _wake(
-        loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: BaseException | None
-    ) -> None:
-        try:
-            loop.call_soon_threadsafe(_resolve, future, error)
-        except RuntimeError:
-            pass  # that loop is closed: nobody waits any more
+def wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: BaseException | None) -> None:
+    """Resolves a waiter's future from a writer's thread, in its loop (a store's writers share it)."""
+    try:
+        loop.call_soon_threadsafe(_resolve, future, error)
+    except RuntimeError:
+        pass  # that loop is closed: nobody waits any more

@@ -13,14 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mcp.server.mcpserver.exceptions import ToolError
 
 from luftpause.config import Config
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.callers import NotYours, Who, who_of
-from luftpause.runtime.journal import Journal
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane
 from luftpause.runtime.metrics import RuntimeMetrics
@@ -29,14 +28,23 @@ from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import SpawnArguments
 from luftpause.runtime.state_lock import StateLock
+from luftpause.runtime.store import open_store
 from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
 from luftpause.runtime.views import every_subtree_total, status_tree, summary
+
+if TYPE_CHECKING:
+    from luftpause.runtime.leases import Leases
+    from luftpause.runtime.postgres_store import PostgresStore
 
 log = logging.getLogger(__name__)
 
 # How long spawn waits for tool servers still being connected to before judging its `tools`.
 SPAWN_LISTING_WAIT_S = 5.0
+
+
+def _nothing() -> None:
+    return None
 
 
 class Runtime:
@@ -57,7 +65,12 @@ class Runtime:
         self.state_lock = StateLock(self.state_dir)
         self.metrics = RuntimeMetrics(s.name for s in settings.mcp_servers)
         self.writer = JsonlWriter(self.metrics.journal_written)
-        self.journal = Journal(self.state_dir, self.writer)
+        try:
+            self.journal = open_store(settings, self.state_dir, self.writer)
+        except BaseException:
+            self.writer.close()
+            self.state_lock.release()
+            raise
         self.tool_servers = ToolServers(settings.mcp_servers)
         self.dataplane = Dataplane(settings.dataplane, token=token)
         self.agent = Agent(self.dataplane, self.tool_servers, settings.default_model, self.metrics)
@@ -65,16 +78,23 @@ class Runtime:
         self.metrics.watch_runs(lambda: self.runs)
         self.tasks = Tasks(self.state_dir, self.runs, self.writer)
         self._evicting: asyncio.Task[None] | None = None
+        # With a store runtimes share: this runtime's leases on the runs it drives (leases.py).
+        self.leases: Leases | None = None
 
     async def start(self) -> None:
         self.tool_servers.start()
         retention_s = self.config.runtime.retention_s
         restore(self.runs, retention_s, self.config.runtime.archive_retention_s)
+        if self.journal.shared:
+            from luftpause.runtime.leases import Leases
+
+            self.leases = Leases(self.runs, cast("PostgresStore", self.journal))
+            self.leases.start()
         self.tasks.restore()
         # Each tenth of the shorter window, between 1 s and 10 minutes.
         period_s = min(max(min(retention_s, self.config.runtime.task_retention_s) / 10, 1.0), 600.0)
         self._evicting = asyncio.create_task(self._evict_every(period_s), name="evict")
-        log.info("runtime: journal at %s, dataplane at %s", self.journal.path, self.dataplane.base_url)
+        log.info("runtime: runs kept in %s, dataplane at %s", self.journal.where, self.dataplane.base_url)
 
     async def _evict_every(self, period_s: float) -> None:
         """Finished runs older than the retention window leave memory for the archive."""
@@ -83,13 +103,11 @@ class Runtime:
             settings = self.config.runtime
             try:
                 await evict(self.runs, settings.retention_s)
-            except OSError as e:
+            except (OSError, JournalError) as e:
                 log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
             try:
-                await asyncio.to_thread(
-                    self.journal.archive_file.trim, settings.archive_retention_s, time.time()
-                )
-            except OSError as e:
+                await asyncio.to_thread(self.journal.trim_archive, settings.archive_retention_s, time.time())
+            except (OSError, JournalError) as e:
                 log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
             try:
                 self.tasks.trim()
@@ -103,7 +121,9 @@ class Runtime:
         if self._evicting is not None:
             self._evicting.cancel()
         parts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("leases", self.leases.stop if self.leases is not None else _nothing),
             ("runs", self.runs.shutdown),
+            ("leases held", self._release),
             ("tasks", self.tasks.close),
             ("tool servers", self.tool_servers.close),
             ("dataplane client", self.dataplane.close),
@@ -120,6 +140,12 @@ class Runtime:
                     log.warning("stopping the %s failed: %s", name, e)
         finally:
             self.state_lock.release()
+
+    async def _release(self) -> None:
+        """With a shared store: its loops stopped, this runtime lets go of its runs' leases, so
+        that another runtime resumes them at once rather than once they expire."""
+        if self.leases is not None:
+            await asyncio.to_thread(self.leases.store.release)
 
     async def spawn(self, arguments: SpawnArguments, who: Who) -> Run:
         """Spawns a run for `who`, once its parent, model and tools are known to be there; the

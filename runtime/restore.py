@@ -11,14 +11,17 @@ in memory), read off the event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import restore_tripped
 from luftpause.runtime.journal import ReplayedRun, new_counters, read_counters
 from luftpause.runtime.run import ENDED, Run
 from luftpause.runtime.spec import RunSpec, initial_messages
+from luftpause.runtime.tool_calls import calls_in
 
 if TYPE_CHECKING:
     from luftpause.runtime.runs import Runs
@@ -30,48 +33,54 @@ def restore(runs: Runs, retention_s: float | None = None, archive_retention_s: f
     """Rebuilds runs from the journal; unfinished ones resume from their last journaled step.
     With `retention_s`, the journal is compacted first (journal.py): finished trees older than
     that go to the archive and are not loaded; with `archive_retention_s`, archived trees older
-    than that are trimmed from the archive first."""
+    than that are trimmed from the archive first. With a store that runtimes share, only the
+    unfinished runs whose leases this runtime takes are loaded and resumed (leases.py); the
+    others are driven elsewhere, and the store answers for them."""
     journal = runs.journal
     if retention_s is not None:
         journal.compact(retention_s, archive_retention_s=archive_retention_s)
-    resumed = 0
     # Compaction has warned of every record it could not read; the replay says it once more only without it.
-    for replayed in journal.replay(warn=retention_s is None):
-        try:
-            spec = RunSpec.model_validate(replayed.spec)
-        except ValueError as e:
-            log.warning("run %s: journaled spec is unreadable (%s); not restored", replayed.handle, e)
-            continue
-        messages = initial_messages(spec)
-        for round_messages in replayed.rounds:
-            messages.extend(round_messages)
-        run = Run(
-            handle=replayed.handle,
-            spec=spec,
-            caller=replayed.caller,
-            created_at=replayed.spawned_at,
-            messages=messages,
-            counters={**new_counters(), **replayed.counters},
-            pending_turn=replayed.pending_turn,
-            pending_results=list(replayed.pending_results),
-            decisions=dict(replayed.decisions),
-            approval_deadlines=dict(replayed.deadlines),
-            owner=replayed.owner,
-            restored=True,
-            traceparent=replayed.traceparent,
-        )
-        if replayed.finished is not None:
-            status = replayed.finished.get("status")
-            run.status = status if status in ("finished", "failed", "cancelled") else "failed"
-            run.result = replayed.finished.get("result")
-            run.error = replayed.finished.get("error")
-            run.finished_at = _number(replayed.finished.get("at"))
-            run.done = ENDED
+    replayed = journal.replay(warn=retention_s is None)
+    taken = journal.take([r.handle for r in replayed if r.finished is None])
+    for run in filter(None, (rebuild(r) for r in replayed if r.finished is not None or r.handle in taken)):
         runs.add(run)
     every = list(runs)
-    for run in every:
+    resumed = _resume(runs, every)
+    if every:
+        log.info("journal: %d runs restored, %d of them resumed", len(every), resumed)
+
+
+def take_over(runs: Runs, replayed: list[ReplayedRun]) -> list[Run]:
+    """Resumes runs whose leases this runtime took from a runtime that stopped renewing them
+    (leases.py), as a restart resumes its own; a run this runtime showed as driven elsewhere
+    is resumed in the same object, so that whoever awaits it here sees it end."""
+    taken = []
+    for r in replayed:
+        run = rebuild(r)
+        if run is None or not run.running or r.handle in {t.handle for t in runs if t.running}:
+            continue
+        shown = runs.foreign.pop(run.handle, None)
+        if shown is not None:
+            for name in RESUMED_FIELDS:
+                setattr(shown, name, getattr(run, name))
+            run = shown
+        runs.add(run)
+        taken.append(run)
+    _resume(runs, taken)
+    return taken
+
+
+# What a run resumed here takes from its replay when an object for it is shown already.
+RESUMED_FIELDS = ("spec", "caller", "created_at", "messages", "counters", "pending_turn", "pending_results",
+                  "decisions", "approval_deadlines", "owner", "traceparent", "approvals")  # fmt: skip
+
+
+def _resume(runs: Runs, restored: list[Run]) -> int:
+    """Restores the tripped budgets of `restored` and starts the loops of those still running."""
+    for run in restored:
         restore_tripped(run)
-    for run in every:
+    resumed = 0
+    for run in restored:
         if run.running:
             resumed += 1
             log.info(
@@ -81,8 +90,63 @@ def restore(runs: Runs, retention_s: float | None = None, archive_retention_s: f
                 " and a round cut short" if run.pending_turn is not None else "",
             )
             runs.start(run)
-    if every:
-        log.info("journal: %d runs restored, %d of them resumed", len(every), resumed)
+    return resumed
+
+
+def rebuild(replayed: ReplayedRun) -> Run | None:
+    """The run a replay tells of, as it was at its last journaled step; None when its spec
+    cannot be read (with a warning)."""
+    try:
+        spec = RunSpec.model_validate(replayed.spec)
+    except ValueError as e:
+        log.warning("run %s: journaled spec is unreadable (%s); not restored", replayed.handle, e)
+        return None
+    messages = initial_messages(spec)
+    for round_messages in replayed.rounds:
+        messages.extend(round_messages)
+    run = Run(
+        handle=replayed.handle,
+        spec=spec,
+        caller=replayed.caller,
+        created_at=replayed.spawned_at,
+        messages=messages,
+        counters={**new_counters(), **replayed.counters},
+        pending_turn=replayed.pending_turn,
+        pending_results=list(replayed.pending_results),
+        decisions=dict(replayed.decisions),
+        approval_deadlines=dict(replayed.deadlines),
+        owner=replayed.owner,
+        restored=True,
+        traceparent=replayed.traceparent,
+    )
+    if replayed.finished is not None:
+        ended(run, replayed.finished)
+    return run
+
+
+def waiting_approvals(replayed: ReplayedRun) -> dict[str, Approval]:
+    """The tool calls of a run's round cut short that were asked about and not decided: what a
+    runtime that does not drive the run shows as waiting, and answers with approve. On the event
+    loop (an Approval holds a future)."""
+    waiting: dict[str, Approval] = {}
+    for call in calls_in(replayed.pending_turn or {}):
+        if call.id in replayed.deadlines and call.id not in replayed.decisions:
+            try:
+                arguments = json.loads(call.arguments or "{}")
+            except json.JSONDecodeError:
+                arguments = {"arguments": call.arguments}
+            waiting[call.id] = Approval(call_id=call.id, tool=call.name, arguments=arguments)
+    return waiting
+
+
+def ended(run: Run, finished: dict[str, Any]) -> None:
+    """Gives `run` the end its `finished` record tells of (no journaling, no waking)."""
+    status = finished.get("status")
+    run.status = status if status in ("finished", "failed", "cancelled") else "failed"
+    run.result = finished.get("result")
+    run.error = finished.get("error")
+    run.finished_at = _number(finished.get("at"))
+    run.done = ENDED
 
 
 async def evict(runs: Runs, retention_s: float, now: float | None = None) -> int:

@@ -6,6 +6,10 @@ end is journaled first, then announced to whoever awaits it (waiting.py). Stoppi
 not an end: a run interrupted by shutdown stays unfinished in the journal and resumes on the
 next start.
 
+With a store that runtimes share (leases.py), the registry holds the runs this runtime drives
+and those it has ended; a run driven by another runtime is read from the store when asked for
+and shown (`foreign`) until it ends, and one whose lease was lost is let go.
+
 Cancelling a run cancels its running descendants, and a budget set on a run caps its whole
 subtree (budgets.py): a spent budget cancels the subtree of the run that set it.
 
@@ -28,12 +32,13 @@ from luftpause.config import RuntimeSettings
 from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
-from luftpause.runtime.journal import Journal
+from luftpause.runtime.journal import ReplayedRun, read_counters
 from luftpause.runtime.journal_writer import JournalError
 from luftpause.runtime.metrics import RuntimeMetrics
-from luftpause.runtime.restore import from_archive
+from luftpause.runtime.restore import from_archive, rebuild, waiting_approvals
 from luftpause.runtime.run import ENDED, Run, RunStatus, UnknownRun, new_handle
 from luftpause.runtime.spec import RunSpec, initial_messages
+from luftpause.runtime.store import RunStore
 from luftpause.runtime.waiting import AwaitMode, Changes, waited_enough
 
 log = logging.getLogger(__name__)
@@ -60,7 +65,7 @@ class Runs:
 
     def __init__(
         self,
-        journal: Journal,
+        journal: RunStore,
         driver: Driver,
         on_end: EndHook,
         metrics: RuntimeMetrics | None = None,
@@ -77,6 +82,9 @@ class Runs:
         # Runs running now, by caller: what `[runtime] max_running_per_caller` bounds.
         self._running: collections.Counter[str | None] = collections.Counter()
         self.changes = Changes(self._in_background)
+        # With a store runtimes share: runs another runtime drives that this one was asked about,
+        # as the store last showed them (kept up to date by leases.py until they end).
+        self.foreign: dict[str, Run] = {}
 
     def __iter__(self) -> Iterator[Run]:
         return iter(list(self._runs.values()))
@@ -94,22 +102,103 @@ class Runs:
 
     async def find(self, handles: list[str]) -> list[Run]:
         """The runs, each once, in the order asked; those that left memory are read from the
-        archive in one go, off the event loop. UnknownRun for the first handle nobody knows."""
+        archive in one go, off the event loop, and (with a shared store) those another runtime
+        drives from the store. UnknownRun for the first handle nobody knows."""
         handles = list(dict.fromkeys(handles))
-        missing = [h for h in handles if h not in self._runs]
-        archived = await asyncio.to_thread(self._archived, missing) if missing else {}
+        missing = [h for h in handles if h not in self._runs and h not in self.foreign]
+        archived, elsewhere = await asyncio.to_thread(self._stored, missing) if missing else ({}, [])
+        shown = {run.handle: run for run in map(self._shown, elsewhere) if run is not None}
         found = []
         for h in handles:
-            run = self._runs.get(h) or archived.get(h)
+            run = self._runs.get(h) or self.foreign.get(h) or archived.get(h) or shown.get(h)
             if run is None:
                 raise UnknownRun(h)
             found.append(run)
         return found
 
+    def _stored(self, handles: list[str]) -> tuple[dict[str, Run], list[ReplayedRun]]:
+        """Archived runs by handle, and the rest as the store has them (driven elsewhere)."""
+        archived = self._archived(handles)
+        return archived, self.journal.load([h for h in handles if h not in archived])
+
     def _archived(self, handles: list[str]) -> dict[str, Run]:
         """Archived runs by handle, each whole: with the runs below it (archive.py, restore.py)."""
-        trees = self.journal.archive_file.trees(handles)
+        trees = self.journal.archived_trees(handles)
         return {h: from_archive(tree[0], tree[1:]) for h, tree in trees.items()}
+
+    # -- runs driven by another runtime (a shared store) --------------------------------------------
+
+    def _shown(self, replayed: ReplayedRun) -> Run | None:
+        """A run another runtime drives, as the store has it: held in `foreign` while it runs,
+        with its tool calls waiting for approval, so that status shows them and approve answers."""
+        run = rebuild(replayed)
+        if run is None:
+            return None
+        if run.running:
+            run.approvals = waiting_approvals(replayed)
+            self.foreign[run.handle] = run
+        return run
+
+    def stored_news(self, replayed: list[ReplayedRun]) -> None:
+        """What the store says now of runs another runtime may have acted on: one that ended
+        there ends here (its loop here, if any, stops, and its waiters wake), an approval decided
+        there goes on here, and a run shown as driven elsewhere takes its counters."""
+        for r in replayed:
+            run = self._runs.get(r.handle) or self.foreign.get(r.handle)
+            if run is None or not run.running:
+                continue
+            if r.finished is not None:
+                self._ended_elsewhere(run, r.finished)
+            elif r.handle in self.foreign:
+                run.counters.update(r.counters)
+                run.decisions, run.approval_deadlines = dict(r.decisions), dict(r.deadlines)
+                waiting = waiting_approvals(r)
+                run.approvals = {k: run.approvals.get(k) or a for k, a in waiting.items()}
+                self.changes.pulse()
+            else:
+                for call_id, allow in r.decisions.items():
+                    approval = run.approvals.get(call_id)
+                    if approval is not None and not approval.decision.done():
+                        run.decisions[call_id] = allow
+                        run.approvals.pop(call_id, None)
+                        approval.decision.set_result(allow)
+                        self.changes.pulse()
+
+    def _ended_elsewhere(self, run: Run, finished: dict[str, Any]) -> None:
+        status = finished.get("status")
+        run.counters.update(read_counters(finished))
+        self.finish(
+            run,
+            status if status in ("finished", "failed", "cancelled") else "failed",
+            finished.get("result"),
+            finished.get("error"),
+            elsewhere=finished,
+        )
+        self.foreign.pop(run.handle, None)
+        if run.task is not None and run.task is not asyncio.current_task() and not run.task.done():
+            run.task.cancel()
+        for child in run.children:
+            self._cancel_subtree(child, f"its parent {run.handle} ended ({run.status})")
+
+    def let_go(self, handle: str) -> None:
+        """This runtime's lease on a run it drives was lost (it could not renew it in time, and
+        another runtime took it, or the run was ended elsewhere): its loop here stops without
+        ending it, and it is shown as driven elsewhere from then on."""
+        run = self._runs.get(handle)
+        if run is None or not run.running:
+            return
+        log.warning("run %s: this runtime's lease on it is lost; its loop here stops", handle)
+        self.forget(run)
+        if run.parent is not None and run in run.parent.children:
+            run.parent.children.remove(run)
+            run.parent = None
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+        self.foreign[handle] = run
+
+    def held(self, handle: str) -> Run | None:
+        """The run if this runtime holds it in memory (not archived, not shown as driven elsewhere)."""
+        return self._runs.get(handle)
 
     def roots(self) -> list[Run]:
         return [r for r in self._runs.values() if r.parent is None]
@@ -196,18 +285,23 @@ class Runs:
             await self._check_depth(parent)
         run = self.spawn(spec, caller, owner, parent)
         try:
-            await self.journal.durable()
-        except JournalError:
-            self._take_back(run)
+            await self.journal.durable_spawn()
+        except JournalError as e:
+            self._take_back(run, e)
             raise
         return run
 
-    def _take_back(self, run: Run) -> None:
+    def _take_back(self, run: Run, why: JournalError) -> None:
         if run.task is not None and not run.task.done():
             run.task.cancel()
         if run.parent is not None:
             run.parent.children.remove(run)
         self.forget(run)
+        # Its spawned record may still reach the store later (a database back after the refusal,
+        # a disk slow rather than failed): its end goes after it, so that nothing resumes a run
+        # its client was told was refused. A writer that failed for good takes neither.
+        with contextlib.suppress(JournalError):
+            self.journal.finished(run.handle, "failed", None, f"spawn refused: {why}", dict(run.counters))
 
     def forget(self, run: Run) -> None:
         """The run leaves memory (taken back, or moved to the archive), with its budget's timer."""
@@ -310,19 +404,26 @@ class Runs:
         run.pending_turn, run.pending_results = None, []
 
     def finish(
-        self, run: Run, status: RunStatus, result: str | None = None, error: str | None = None
+        self,
+        run: Run,
+        status: RunStatus,
+        result: str | None = None,
+        error: str | None = None,
+        elsewhere: dict[str, Any] | None = None,
     ) -> bool:
-        """Ends the run once (journal first, then waiters); False when it had already ended."""
+        """Ends the run once (journal first, then waiters); False when it had already ended.
+        `elsewhere`: the `finished` record another runtime journaled (nothing is journaled)."""
         if not run.running:
             return False
         try:
-            self.journal.finished(run.handle, status, result, error, dict(run.counters))
+            if elsewhere is None:
+                self.journal.finished(run.handle, status, result, error, dict(run.counters))
         except JournalError as e:
             # Its end cannot be journaled: it ends here all the same, whoever awaits it is told
             # of the journal's failure, and the next start resumes it.
             log.error("run %s: its end is not journaled (%s); it resumes on the next start", run.handle, e)
         run.status, run.result, run.error = status, result, error
-        run.finished_at = time.time()
+        run.finished_at = time.time() if elsewhere is None else float(elsewhere.get("at") or time.time())
         if run.handle in self._runs:
             self._ran(run)
         # Its conversation is never read again (await answers with the result; a restart replays
@@ -335,6 +436,7 @@ class Runs:
         run.approval_deadlines.clear()
         run.done.set()
         run.done = ENDED
+        self.foreign.pop(run.handle, None)
         # A seconds budget whose whole subtree has ended has nothing left to cap.
         for owner in run.ancestors():
             if owner.handle in self._timers and not any(r.running for r in owner.subtree()):

@@ -42,6 +42,7 @@ from luftpause.runtime.mcp_tools import register_tools
 from luftpause.runtime.metrics import CONTENT_TYPE
 from luftpause.runtime.parts import Runtime
 from luftpause.runtime.state_lock import StateDirInUse
+from luftpause.runtime.store import StoreUnavailable
 from luftpause.runtime.tasks import TasksExtension
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def serve(config: Config, state_dir: str | None = None) -> None:
     tracing.setup("luftpause-runtime")
     try:
         app = build_app(config, state_dir)
-    except StateDirInUse as e:
+    except (StateDirInUse, StoreUnavailable) as e:
         raise SystemExit(f"luftpause runtime: {e}") from None
     settings = config.runtime
     log.info("runtime: MCP at http://%s:%d/mcp, status at /status", settings.host, settings.port)

@@ -15,6 +15,11 @@ writer runs.jsonl uses (journal_writer.py), fsynced before the step is acknowled
     {"v":1,"type":"closed","task":ID,"at":T,"status":S,"message":M}
         The task reached a terminal status (completed, cancelled or failed).
 
+With a store that runtimes share (`[runtime] store = "postgresql://..."`), tasks are kept there
+instead (postgres_store.py, `luftpause_tasks`), so that tasks/get, tasks/update and tasks/cancel
+answer on any runtime: a task is read from the store when this runtime did not hand it out, and
+its status comes from its run, wherever that runs; nothing is failed at a restart.
+
 A task still open when the runtime stops is failed on restart (its run resumes as usual, and
 await on the run's handle still answers); a torn last line is skipped with a warning.
 
@@ -36,7 +41,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
@@ -56,6 +61,7 @@ from luftpause.runtime.views import view
 
 if TYPE_CHECKING:
     from luftpause.runtime.parts import Runtime
+    from luftpause.runtime.postgres_store import PostgresStore
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +124,8 @@ class UpdateTaskParams(TaskParams):
 
 
 class Tasks:
-    """Every task this runtime has handed out, and `tasks.jsonl`."""
+    """Every task this runtime has handed out, and `tasks.jsonl` (or, with a store runtimes share,
+    the store's tasks)."""
 
     def __init__(self, state_dir: str | os.PathLike[str], runs: Runs, writer: JsonlWriter) -> None:
         self.path = Path(state_dir) / FILE_NAME
@@ -126,11 +133,24 @@ class Tasks:
         self._tasks: dict[str, Task] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self.writer = writer
-        writer.open(self.path)  # a torn last line is ended; the next record starts on its own line
+        # With a store runtimes share, tasks live there, so that tasks/* answers on any runtime.
+        self.shared = cast("PostgresStore", runs.journal) if runs.journal.shared else None
+        if self.shared is None:
+            writer.open(self.path)  # a torn last line is ended; the next record starts on its own line
 
     def _append(self, record_type: str, task: str, **fields: Any) -> None:
         record = {"v": 1, "type": record_type, "task": task, "at": round(time.time(), 3), **fields}
-        self.writer.append(self.path, record)
+        if self.shared is not None:
+            self.shared.append_task(record)
+        else:
+            self.writer.append(self.path, record)
+
+    async def durable(self) -> None:
+        """Returns once every task record so far is stored."""
+        if self.shared is not None:
+            await self.shared.durable()
+        else:
+            await self.writer.durable()
 
     @property
     def retention_s(self) -> float:
@@ -138,17 +158,19 @@ class Tasks:
 
     def trim(self, now: float | None = None) -> int:
         """Forgets every task that ended more than `retention_s` ago, and rewrites tasks.jsonl
-        without them; returns how many were forgotten."""
+        without them (or drops them from the shared store); returns how many were forgotten."""
         now = time.time() if now is None else now
         old = [
             t
             for t in self._tasks.values()
             if t.closed_status is not None and now - t.updated_at > self.retention_s
         ]
-        if not old:
-            return 0
         for task in old:
             del self._tasks[task.task_id]
+        if self.shared is not None:
+            return self.shared.trim_tasks(self.retention_s, now)
+        if not old:
+            return 0
         records: list[dict[str, Any]] = []
         for t in self._tasks.values():
             records.append(
@@ -170,7 +192,12 @@ class Tasks:
 
     def restore(self) -> None:
         """Reads tasks.jsonl; a task left open by the last process is failed now, and ended ones
-        past the retention window are forgotten."""
+        past the retention window are forgotten. With a shared store nothing is read (tasks are
+        read from it when asked for) and nothing is failed: a task open there answers from its
+        run, wherever that runs."""
+        if self.shared is not None:
+            self.trim()
+            return
         self.writer.flush()
         open_tasks = []
         for record in read_records(self.path):
@@ -224,8 +251,15 @@ class Tasks:
         else:
             self._close(task, "completed", None)
 
-    def get(self, task_id: str) -> Task:
+    async def find(self, task_id: str) -> Task:
+        """The task: one handed out here, or (with a shared store) one the store has, read off
+        the event loop and not kept; an unknown task is an MCPError."""
         task = self._tasks.get(task_id)
+        if task is None and self.shared is not None:
+            row = await asyncio.to_thread(self.shared.task, task_id)
+            if row is not None:
+                task = Task(row["task"], row["run"], row["created_at"], row["updated_at"],
+                            row["closed_status"], row["closed_message"])  # fmt: skip
         if task is None:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown task {task_id!r}")
         return task
@@ -297,7 +331,8 @@ class Tasks:
             w.cancel()
         if self._watchers:
             await asyncio.wait(list(self._watchers), timeout=5)
-        self.writer.close_file(self.path)
+        if self.shared is None:
+            self.writer.close_file(self.path)
 
 
 def run_result(run: Run) -> CallToolResult:
@@ -357,7 +392,7 @@ class TasksExtension(Extension):
             return refused(str(e))
         try:
             task = self.tasks.create(run)
-            await self.tasks.writer.durable()
+            await self.tasks.durable()
         except JournalError as e:
             return refused(str(e))
         body = {
@@ -368,12 +403,12 @@ class TasksExtension(Extension):
         return {"resultType": "task", **body}
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
-        return {"resultType": "complete", **(await self.tasks.detailed(self.tasks.get(params.taskId)))}
+        return {"resultType": "complete", **(await self.tasks.detailed(await self.tasks.find(params.taskId)))}
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> HandlerResult:
-        await self.tasks.update(self.tasks.get(params.taskId), params.inputResponses)
+        await self.tasks.update(await self.tasks.find(params.taskId), params.inputResponses)
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
-        await self.tasks.cancel(self.tasks.get(params.taskId))
+        await self.tasks.cancel(await self.tasks.find(params.taskId))
         return {"resultType": "complete"}

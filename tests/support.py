@@ -33,6 +33,11 @@ import httpx
 from luftpause.bench import stack_config
 from luftpause.bench.common import free_port as free_port  # re-exported: the tests' one way to pick a port
 
+# A real PostgreSQL server for the run store's tests (tests/conftest.py), re-exported.
+from luftpause.bench.postgres_server import PostgresServer as PostgresServer
+from luftpause.bench.postgres_server import PostgresUnavailable as PostgresUnavailable
+from luftpause.bench.postgres_server import start_postgres as start_postgres
+
 START_TIMEOUT_S = 30.0
 
 
@@ -89,6 +94,18 @@ def tcp_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def end_process(proc: subprocess.Popen, sig: int, timeout_s: float = 10.0) -> None:
+    """Sends `sig` to a process still running and waits for it to exit; SIGKILL after `timeout_s`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class Service:
     """One service running as a child process; its output goes to `log`."""
@@ -120,14 +137,8 @@ class Service:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Sends `sig` to the service and waits for it to exit."""
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            end_process(self.proc, sig)
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)

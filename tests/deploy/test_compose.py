@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -293,6 +294,15 @@ def stack_problems(stack: dict, shell: dict[str, str], monkeypatch: pytest.Monke
         if "LUFTPAUSE_TOKEN" not in _environment(ours[name]):
             problems.append(f"{name}: LUFTPAUSE_TOKEN is not passed through")
 
+    # Runtimes beside `runtime` (compose.postgres.yaml) share a store, behind a balancer.
+    configs = {name: str(config_file) for name in SERVICES}
+    shared = [n for n, a in parsed.items() if a.command == "runtime" and n != "runtime"]
+    for name in shared:
+        configs[name] = _mounts(ours[name]).get(parsed[name].config, "")
+        problems.extend(_shared_runtime_problems(name, Path(configs[name]), stack, reaches, listening))
+    if shared:
+        problems.extend(_balancer_problems(stack, shared, listening))
+
     # Waiting for health needs a health check: ours come from the image's HEALTHCHECK, which asks
     # the route luftpause.healthcheck finds for the service's command.
     for name, s in services.items():
@@ -305,13 +315,94 @@ def stack_problems(stack: dict, shell: dict[str, str], monkeypatch: pytest.Monke
                 problems.append(f"{name}: waits for {dep} to be healthy, which has no health check")
     for name in parsed:
         arguments = [str(c) for c in ours[name]["command"]]
-        if name in SERVICES:
-            arguments[arguments.index("--config") + 1] = str(config_file)
+        if name in configs:
+            arguments[arguments.index("--config") + 1] = configs[name]
         port = urlsplit(healthcheck.health_url(arguments)).port
         if port not in listening[name]:
             problems.append(
                 f"{name}: its health check asks port {port}, it listens on {sorted(listening[name])}"
             )
+    return problems
+
+
+def _shared_runtime_problems(
+    name: str, config_file: Path, stack: dict, reaches: Callable[[str, str, str], str | None], listening: dict
+) -> list[str]:
+    """A runtime beside `runtime`: its config loads, its store is a PostgreSQL service of the stack
+    that it waits for, its state directory is a named volume of its own, its token and variables
+    reach it. Notes the port it listens on in `listening`."""
+    service = stack["services"][name]
+    if not config_file.is_file():
+        return [f"{name}: mounts no config file where its --config points"]
+    try:
+        conf = config.load(config_file)
+    except config.ConfigError as e:
+        return [f"{name}: {e}"]
+    problems = []
+    listening[name] = {conf.runtime.port}
+    if conf.runtime.host != "0.0.0.0":
+        problems.append(f"{name}: listens on {conf.runtime.host}, unreachable from the balancer")
+    wanted = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", config_file.read_text())) | {"LUFTPAUSE_TOKEN"}
+    if missing := wanted - set(_environment(service)):
+        problems.append(f"{name}: {sorted(missing)} not passed into the container")
+    if not conf.runtime.store.startswith("postgresql://"):
+        return [
+            *problems,
+            f"{name}: store = {conf.runtime.store!r}, not a PostgreSQL URL: its runs are its own",
+        ]
+    database = urlsplit(conf.runtime.store).hostname or ""
+    if database not in stack["services"]:
+        problems.append(f"{name}: its store is on {database}, not a service of this stack")
+    elif urlsplit(conf.runtime.store).port not in _published_or_exposed(stack["services"][database]):
+        problems.append(f"{name}: its store's port is not the one {database} listens on (5432)")
+    elif (service.get("depends_on") or {}).get(database, {}).get("condition") != "service_healthy":
+        problems.append(f"{name}: does not wait for {database} to be healthy")
+    state = _mounts(service).get(conf.runtime.state_dir)
+    others = [_mounts(s).get("/var/lib/luftpause") for n, s in stack["services"].items() if n != name]
+    if state not in (stack.get("volumes") or {}) or state in others:
+        problems.append(f"{name}: state_dir is not on a named volume of its own ({state})")
+    if (
+        conf.runtime.dataplane != "http://dataplane:8080"
+        or reaches(conf.runtime.dataplane, name, "the dataplane") != "dataplane"
+    ):
+        problems.append(f"{name}: dataplane = {conf.runtime.dataplane}, not the dataplane service")
+    return problems
+
+
+def _published_or_exposed(service: dict) -> set[int]:
+    """The ports a service of another image listens on, as far as compose knows: PostgreSQL's 5432
+    when it is the postgres image."""
+    return {5432} if str(service.get("image", "")).startswith("postgres:") else set(_published(service))
+
+
+def _balancer_problems(stack: dict, shared: list[str], listening: dict) -> list[str]:
+    """The service publishing the runtime's port in place of `runtime`: HAProxy with a config
+    that names each shared runtime at the port it listens on; `runtime` itself left out."""
+    services = stack["services"]
+    port = config.RUNTIME_PORT
+    balancers = [n for n, s in services.items() if n != "runtime" and port in _published(s).values()]
+    if len(balancers) != 1:
+        return [
+            f"not one service publishes the runtime's port {port} before the shared runtimes: {balancers}"
+        ]
+    (name,) = balancers
+    problems = []
+    if not services["runtime"].get("profiles"):
+        problems.append(f"runtime: started with {name}, both on host port {port}")
+    mounted = _mounts(services[name]).get("/usr/local/etc/haproxy/haproxy.cfg")
+    if not str(services[name].get("image", "")).startswith("haproxy:") or mounted is None:
+        return [*problems, f"{name}: not HAProxy with a config mounted where the image reads it"]
+    text = Path(mounted).read_text()
+    servers = dict(re.findall(r"^\s*server\s+\S+\s+([\w-]+):(\d+)", text, re.MULTILINE))
+    wanted = {n: str(next(iter(listening[n]))) for n in shared}
+    if servers != wanted:
+        problems.append(f"{name}: balances over {servers}, the shared runtimes listen at {wanted}")
+    if not re.search(rf"^\s*bind\s+:{port}\s*$", text, re.MULTILINE) or port not in _published(
+        services[name]
+    ):
+        problems.append(f"{name}: does not listen on {port} where it is published")
+    if "stick match req.hdr(mcp-session-id)" not in text:
+        problems.append(f"{name}: does not keep a legacy MCP session on the runtime that opened it")
     return problems
 
 
@@ -406,6 +497,49 @@ def test_a_renamed_flag_a_moved_port_or_a_lost_variable_is_caught(monkeypatch: p
     assert any("fake-b listens on [9012]" in p for p in problems_after(move_engine))
     assert any("runtime: publishes [7001]" in p for p in problems_after(publish_wrong_port))
     assert any("LUFTPAUSE_TOKEN" in p for p in problems_after(drop_token))
+
+
+@needs_compose
+def test_runtimes_that_share_a_store_are_checked_behind_their_balancer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = resolve(("compose.yaml", "compose.postgres.yaml"))
+
+    def problems_after(change) -> list[str]:
+        stack = copy.deepcopy(base)
+        change(stack["services"])
+        return stack_problems(stack, SHELL_ENV, monkeypatch)
+
+    def start_the_single_runtime_too(s: dict) -> None:
+        del s["runtime"]["profiles"]
+
+    def keep_a_journal_file(s: dict) -> None:
+        s["runtime-b"]["volumes"] = [
+            v.replace("postgres.toml", "luftpause.toml") for v in s["runtime-b"]["volumes"]
+        ]
+
+    def share_a_state_volume(s: dict) -> None:
+        s["runtime-b"]["volumes"] = [
+            v.replace("runtime-b-state", "runtime-a-state") for v in s["runtime-b"]["volumes"]
+        ]
+
+    def start_before_the_database(s: dict) -> None:
+        del s["runtime-a"]["depends_on"]["postgres"]
+
+    def lose_the_password(s: dict) -> None:
+        s["runtime-a"]["environment"] = {"LUFTPAUSE_TOKEN": None}
+
+    assert problems_after(lambda s: None) == []
+    assert any("both on host port 7000" in p for p in problems_after(start_the_single_runtime_too))
+    assert any("runtime-b: store = 'file'" in p for p in problems_after(keep_a_journal_file))
+    assert any(
+        "runtime-b: state_dir is not on a named volume of its own" in p
+        for p in problems_after(share_a_state_volume)
+    )
+    assert any(
+        "runtime-a: does not wait for postgres" in p for p in problems_after(start_before_the_database)
+    )
+    assert any("runtime-a: ['POSTGRES_PASSWORD'] not passed" in p for p in problems_after(lose_the_password))
 
 
 def test_the_image_runs_luftpause_as_a_non_root_user_on_a_pinned_base_with_a_health_check() -> None:

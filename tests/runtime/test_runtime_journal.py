@@ -1,4 +1,5 @@
-"""The run journal: what a restart can rebuild from runs.jsonl, torn lines included."""
+"""The run journal: what a restart can rebuild from runs.jsonl, torn lines included; the replays
+that do not depend on the file run against the PostgreSQL store too (tests/runtime/conftest.py)."""
 
 import json
 import logging
@@ -35,8 +36,8 @@ def test_records_are_json_lines_in_the_documented_shape(tmp_path):
     assert (records[2]["status"], records[2]["result"], records[2]["error"]) == ("finished", "answer", None)
 
 
-def test_replay_folds_rounds_and_the_end_of_each_run(tmp_path):
-    journal = Journal(tmp_path)
+def test_replay_folds_rounds_and_the_end_of_each_run(stores):
+    journal = stores.open()
     journal.spawned("a", {"task": "ta"}, None)
     journal.spawned("b", {"task": "tb"}, "c")
     journal.round("a", [{"role": "assistant", "n": 1}, {"role": "tool", "n": 2}], _counters(1, 1, 1))
@@ -45,6 +46,7 @@ def test_replay_folds_rounds_and_the_end_of_each_run(tmp_path):
     journal.finished("b", "failed", None, "boom", _counters(1, 0, 2))
 
     runs = {r.handle: r for r in journal.replay()}
+    journal.close()
     assert list(runs) == ["a", "b"]
     a, b = runs["a"], runs["b"]
     assert a.finished is None
@@ -106,14 +108,16 @@ def test_a_record_with_fields_of_the_wrong_type_costs_only_its_own_run(tmp_path,
     assert sum("malformed" in m and "skipped" in m for m in caplog.messages) == 3
 
 
-def test_a_second_spawned_record_does_not_bring_a_finished_run_back(tmp_path, caplog):
-    journal = Journal(tmp_path)
+def test_a_second_spawned_record_does_not_bring_a_finished_run_back(stores, caplog):
+    journal = stores.open()
     journal.spawned("a", {"task": "ta"}, None)
     journal.finished("a", "finished", "done", None, _counters(0, turns=1))
     journal.spawned("a", {"task": "ta"}, None)
     journal.close()
     with caplog.at_level(logging.WARNING):
-        (run,) = Journal(tmp_path).replay()
+        reopened = stores.open()
+        (run,) = reopened.replay()
+        reopened.close()
     assert run.finished is not None and run.finished["result"] == "done"
     assert any("spawned a second time" in m for m in caplog.messages)
 
@@ -161,14 +165,17 @@ def test_replay_survives_any_single_damaged_record(tmp_path, damaged, where):
         assert runs["b"].finished["result"] == "r"
 
 
-def test_a_run_spawned_with_tracing_on_keeps_its_trace_context_across_a_replay(tmp_path):
+def test_a_run_spawned_with_tracing_on_keeps_its_trace_context_across_a_replay(stores):
     """What a run resumed after a restart is traced under (runtime/spans.py): the context
     journaled with its spawned record; a run spawned with tracing off has none."""
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    journal = Journal(tmp_path)
+    journal = stores.open()
     journal.spawned("traced", {"task": "t"}, None, traceparent=traceparent)
     journal.spawned("untraced", {"task": "t"}, None)
-    runs = {r.handle: r for r in journal.replay()}
+    journal.close()
+    reopened = stores.open()
+    runs = {r.handle: r for r in reopened.replay()}
+    reopened.close()
     assert runs["traced"].traceparent == traceparent
     assert runs["untraced"].traceparent is None
-    assert "traceparent" not in read_records(journal.path)[1]
+    assert "traceparent" not in stores.records()[1]

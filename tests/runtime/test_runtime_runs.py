@@ -115,9 +115,9 @@ async def test_shutdown_stops_loops_without_ending_their_runs(runs, tmp_path):
     assert [r["type"] for r in read_records(tmp_path / "runs.jsonl")] == ["spawned"]
 
 
-async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_last_round(tmp_path):
+async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_last_round(stores):
     first = Script()
-    before = Runs(Journal(tmp_path), first.drive, first.on_end)
+    before = Runs(stores.open(), first.drive, first.on_end)
     done = before.spawn(spec("done", system="be brief"), "caller-1")
     open_run = before.spawn(spec("open"), "caller-2")
     first.finish(done.handle)
@@ -132,7 +132,7 @@ async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_
     before.journal.close()
 
     second = Script()
-    after = Runs(Journal(tmp_path), second.drive, second.on_end)
+    after = Runs(stores.open(), second.drive, second.on_end)
     restore(after)
     restored_done = after.get(done.handle)
     assert (restored_done.status, restored_done.result) == ("finished", "answer to done")
@@ -152,12 +152,12 @@ async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_
     after.journal.close()
 
 
-async def test_a_run_the_journal_names_its_own_parent_is_restored_alone_and_can_be_cancelled(tmp_path):
-    journal = Journal(tmp_path)
+async def test_a_run_the_journal_names_its_own_parent_is_restored_alone_and_can_be_cancelled(stores):
+    journal = stores.open()
     journal.spawned("loop", spec("round and round", parent="loop").model_dump(), "c")
     journal.close()
     script = Script()
-    after = Runs(Journal(tmp_path), script.drive, script.on_end)
+    after = Runs(stores.open(), script.drive, script.on_end)
     restore(after)
     run = after.get("loop")
     assert run.parent is None and list(run.subtree()) == [run] and list(run.ancestors()) == [run]
@@ -212,9 +212,9 @@ async def test_spawn_is_refused_while_the_journal_cannot_be_written_and_leaves_n
     await registry.shutdown()
 
 
-async def test_old_finished_trees_move_to_the_archive_and_still_answer(tmp_path):
+async def test_old_finished_trees_move_to_the_archive_and_still_answer(stores):
     script = Script()
-    before = Runs(Journal(tmp_path), script.drive, script.on_end)
+    before = Runs(stores.open(), script.drive, script.on_end)
     old = before.spawn(spec("old"), "c")
     child = before.spawn(spec("old child", parent=old.handle), "c")
     recent = before.spawn(spec("recent"), "c")
@@ -234,14 +234,20 @@ async def test_old_finished_trees_move_to_the_archive_and_still_answer(tmp_path)
     assert (answer.status, answer.result) == ("finished", "answer to old")
     await before.shutdown()
     before.journal.close()
+    # The file keeps their records until the next start; PostgreSQL drops them with the eviction.
+    left = {r["run"] for r in stores.records()}
+    assert (old.handle in left) is (stores.kind == "file") and (child.handle in left) is (
+        stores.kind == "file"
+    )
 
     # At the next start the journal is compacted: finished runs keep two records, old trees none.
-    lines_before = len(read_records(tmp_path / "runs.jsonl"))
+    lines_before = len(stores.records())
     second = Script()
-    after = Runs(Journal(tmp_path), second.drive, second.on_end)
+    after = Runs(stores.open(), second.drive, second.on_end)
     restore(after, retention_s=1e9)  # nothing newly old: only the rounds of finished runs go
-    records = read_records(tmp_path / "runs.jsonl")
-    assert len(records) < lines_before
+    records = stores.records()
+    assert len(records) < lines_before or stores.kind == "postgresql"
+    assert {r["run"] for r in records} == {recent.handle, open_run.handle}
     assert [r["type"] for r in records if r["run"] == recent.handle] == ["spawned", "finished"]
     assert [r["type"] for r in records if r["run"] == open_run.handle] == ["spawned", "round"]
     assert after.get(child.handle).result == "answer to old child", "the archive answers after a restart"
@@ -252,22 +258,22 @@ async def test_old_finished_trees_move_to_the_archive_and_still_answer(tmp_path)
     after.journal.close()
 
 
-async def test_a_compaction_at_start_archives_old_trees_once(tmp_path):
+async def test_a_compaction_at_start_archives_old_trees_once(stores):
     script = Script()
-    before = Runs(Journal(tmp_path), script.drive, script.on_end)
+    before = Runs(stores.open(), script.drive, script.on_end)
     done = before.spawn(spec("done"), "c")
     script.finish(done.handle)
     await before.wait([done.handle], "all", 5)
     await before.shutdown()
     before.journal.close()
     for _ in range(2):  # a second start finds nothing more to do
-        after = Runs(Journal(tmp_path), Script().drive, Script().on_end)
+        after = Runs(stores.open(), Script().drive, Script().on_end)
         restore(after, retention_s=0)
         assert list(after) == [] and after.get(done.handle).status == "finished"
         await after.shutdown()
         after.journal.close()
-    assert [r["run"] for r in read_records(tmp_path / "archive.jsonl")] == [done.handle]
-    assert read_records(tmp_path / "runs.jsonl") == []
+    assert stores.archived(done.handle)["status"] == "finished"
+    assert stores.records() == []
 
 
 async def test_a_start_warns_once_of_each_journal_record_it_skips(tmp_path, caplog):

@@ -13,7 +13,7 @@ from support import until
 
 from luftpause.runtime.agent import Agent
 from luftpause.runtime.approvals import decide_approval
-from luftpause.runtime.journal import Journal, read_records
+from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import Dataplane, decision_of
 from luftpause.runtime.restore import restore
 from luftpause.runtime.runs import Runs, SpawnRefused
@@ -119,8 +119,10 @@ class Dataplanes:
 
 
 class Stack:
-    def __init__(self, tmp_path, script, token: str | None = None) -> None:
+    def __init__(self, tmp_path, script, token: str | None = None, stores=None) -> None:
         self.tmp_path = tmp_path
+        # The run store each start opens (tests/runtime/conftest.py); the journal file unless given.
+        self.open_store = stores.open if stores is not None else lambda: Journal(tmp_path)
         self.engine = Dataplanes(script)
         self.tools = Tools()
         self.token = token
@@ -131,7 +133,7 @@ class Stack:
             "http://dataplane", transport=httpx.MockTransport(self.engine.handle), token=self.token
         )
         self.agent = Agent(self.dataplane, self.tools, default_model="m")
-        self.runs = Runs(Journal(self.tmp_path), self.agent.drive, self.dataplane.end_run)
+        self.runs = Runs(self.open_store(), self.agent.drive, self.dataplane.end_run)
 
     async def close(self) -> None:
         await self.runs.shutdown()
@@ -245,16 +247,16 @@ async def test_without_parallel_tool_calls_the_calls_of_a_reply_run_one_by_one(t
     assert "parallel_tool_calls" not in s.engine.bodies[0]
 
 
-async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path):
+async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path, stores):
     first = calls_reply(("lookup", {"query": "one"}), ("lookup", {"query": "two"}))
     replies = iter([first, answer("after restart")])
-    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    s = Stack(tmp_path, lambda run_id, body: next(replies), stores=stores)
     s.tools.hang = [{"query": "two"}]
     run = s.spawn("cut")
     # The first call finishes and the second hangs: stop the runtime mid-round.
     await until(lambda: len(s.tools.calls) == 2)
     await s.close()
-    kinds = [r["type"] for r in read_records(tmp_path / "runs.jsonl")]
+    kinds = [r["type"] for r in stores.records()]
     assert kinds == ["spawned", "turn", "call"]
 
     s.tools.calls.clear()
@@ -266,16 +268,16 @@ async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path)
     await s.close()
     assert s.tools.calls == [("lookup", {"query": "two"})]
     assert resumed.result == "after restart" and resumed.counters["toolCalls"] == 2
-    round_record = [r for r in read_records(tmp_path / "runs.jsonl") if r["type"] == "round"][0]
+    round_record = [r for r in stores.records() if r["type"] == "round"][0]
     assert [m.get("content") for m in round_record["messages"][1:]] == [
         'lookup done: {"query": "one"}',
         'lookup done: {"query": "two"}',
     ]
 
 
-async def test_a_decision_journaled_before_a_restart_is_not_asked_again(tmp_path):
+async def test_a_decision_journaled_before_a_restart_is_not_asked_again(tmp_path, stores):
     replies = iter([calls_reply(("wipe", {"disk": "d1"})), answer("wiped")])
-    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    s = Stack(tmp_path, lambda run_id, body: next(replies), stores=stores)
     run = s.spawn("wipe it")
     await until(lambda: run.pending_approval is not None)
     assert view(run).status == "AwaitingApproval"
@@ -293,9 +295,9 @@ async def test_a_decision_journaled_before_a_restart_is_not_asked_again(tmp_path
     assert resumed.result == "wiped" and s.tools.calls == [("wipe", {"disk": "d1"})]
 
 
-async def test_an_unanswered_approval_is_asked_again_after_a_restart(tmp_path):
+async def test_an_unanswered_approval_is_asked_again_after_a_restart(tmp_path, stores):
     replies = iter([calls_reply(("wipe", {"disk": "d2"})), answer("declined, so nothing done")])
-    s = Stack(tmp_path, lambda run_id, body: next(replies))
+    s = Stack(tmp_path, lambda run_id, body: next(replies), stores=stores)
     run = s.spawn("wipe it")
     await until(lambda: run.pending_approval is not None)
     await s.restart()

@@ -93,6 +93,11 @@ def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) 
             '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nlookahead = -1\n',
             "replicas.0.lookahead: Input should be greater than or equal to 0",
         ),
+        (
+            '[runtime]\nstore = "mysql://db/runs"\n',
+            "runtime.store: Value error, store 'mysql://db/runs' is neither \"file\"",
+        ),
+        ("[runtime]\nlease_s = 0.5\n", "runtime.lease_s: Input should be greater than or equal to 1"),
         ("[dataplane\n", "not valid TOML"),
     ],
 )

@@ -1,0 +1,171 @@
+"""Two runtimes on one PostgreSQL store (a real server), in one process: each run is driven by
+one of them under a lease, and either answers await, status, cancel and approve for any run.
+
+Each runtime is a registry of runs (runs.py) over a store of its own connections and its own
+owner name, with its lease keeper (leases.py); the sub-agent loop is a script the test controls.
+"""
+
+import asyncio
+import time
+
+import pytest
+from support import until
+
+from luftpause.runtime.approvals import ask_approval, decide_approval
+from luftpause.runtime.leases import Leases
+from luftpause.runtime.postgres_store import PostgresStore
+from luftpause.runtime.restore import restore
+from luftpause.runtime.run import Run
+from luftpause.runtime.runs import Runs
+from luftpause.runtime.spec import RunSpec
+
+
+class Runtime:
+    """A registry, its store and its lease keeper; its loops finish a run when the test says so,
+    or wait for the approval of one tool call first (`ask`)."""
+
+    def __init__(self, url: str, owner: str, lease_s: float) -> None:
+        self.store = PostgresStore(url, owner=owner, lease_s=lease_s)
+        self.runs = Runs(self.store, self.drive, self.on_end)
+        self.leases = Leases(self.runs, self.store)
+        self.started: list[str] = []
+        self.release: dict[str, asyncio.Event] = {}
+        self.ask = False
+        self.allowed: dict[str, bool] = {}
+
+    async def drive(self, runs: Runs, run: Run) -> None:
+        self.started.append(run.handle)
+        if self.ask:
+            run.pending_turn = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "wipe", "arguments": '{"disk": "d1"}'}}]}  # fmt: skip
+            runs.record_turn(run, run.pending_turn)
+            self.allowed[run.handle] = await ask_approval(runs, run, "c1", "wipe", {"disk": "d1"})
+        await self.release.setdefault(run.handle, asyncio.Event()).wait()
+        runs.finish(run, "finished", result=f"answer to {run.spec.task}")
+
+    async def on_end(self, handle: str) -> None:
+        return None
+
+    async def spawn(self, task: str) -> Run:
+        return await self.runs.spawn_durably(RunSpec(task=task, model="m"), "caller")
+
+    async def stop(self) -> None:
+        await self.leases.stop()
+        await self.runs.shutdown()
+        self.store.close()
+
+
+@pytest.fixture
+async def pair(postgres_url):
+    """Runtimes a and b, with leases long enough that only a notification can wake a waiter in
+    the tests' time."""
+    a, b = Runtime(postgres_url, "a", 60.0), Runtime(postgres_url, "b", 60.0)
+    for r in (a, b):
+        r.leases.start()
+    yield a, b
+    for r in (a, b):
+        await r.stop()
+
+
+async def test_an_await_on_the_other_runtime_wakes_when_the_run_ends(pair):
+    a, b = pair
+    run = await a.spawn("far away")
+    (shown,) = await b.runs.find([run.handle])
+    assert shown.status == "running" and b.started == [], "b shows the run; a drives it"
+    waiting = asyncio.ensure_future(b.runs.wait([run.handle], "all", 30))
+    await asyncio.sleep(0)
+    a.release[run.handle].set()
+    (ended,), timed_out = await asyncio.wait_for(waiting, 10)  # well within the keeper's 20 s
+    assert not timed_out and (ended.status, ended.result) == ("finished", "answer to far away")
+
+
+async def test_a_cancel_on_the_other_runtime_stops_the_run_where_it_runs(pair):
+    a, b = pair
+    run = await a.spawn("to cancel")
+    await b.runs.cancel(run.handle)
+    await asyncio.wait_for(run.done.wait(), 10)
+    assert (run.status, run.error) == ("cancelled", "cancelled by the client")
+    loops = [t for t in asyncio.all_tasks() if t.get_name() == f"run:{run.handle}"]
+    if loops:
+        await asyncio.wait(loops, timeout=10)
+    assert all(t.cancelled() for t in loops), "a's loop of the run stopped"
+    assert [r["type"] for r in b.store.records() if r["run"] == run.handle] == ["spawned", "finished"]
+
+
+async def test_an_approval_on_the_other_runtime_lets_the_tool_call_run_where_it_waits(pair):
+    a, b = pair
+    a.ask = True
+    run = await a.spawn("wipe it")
+    await until(lambda: run.pending_approval is not None, what="the call to wait for approval")
+    await a.store.durable()
+    (shown,) = await b.runs.find([run.handle])
+    assert shown.shown_status() == "AwaitingApproval"
+    assert (shown.pending_approval.tool, shown.pending_approval.arguments) == ("wipe", {"disk": "d1"})
+    assert decide_approval(b.runs, shown, True) is not None
+    await b.store.durable()
+    await until(lambda: run.handle in a.allowed, what="a's call to be decided")
+    assert a.allowed[run.handle] is True and run.pending_approval is None
+
+
+async def test_the_runs_of_a_runtime_that_stops_renewing_resume_on_the_other_and_it_writes_no_more(
+    postgres_url,
+):
+    a, b = Runtime(postgres_url, "a", 1.0), Runtime(postgres_url, "b", 1.0)
+    b.leases.start()
+    try:
+        run = await a.spawn("orphaned")
+        # a dies: no keeper ever renews its lease.
+        began = time.monotonic()
+        await until(lambda: run.handle in b.started, what="b to resume the run")
+        took = time.monotonic() - began
+        # Not before the lease expires (its clock starts at the spawn's commit, a little before
+        # spawn returned), and by the keeper's round after it, with room for a loaded machine.
+        assert 0.9 <= took <= 1.0 + 1.0 / 3 + 2.0, f"resumed {took:.2f} s after the spawn"
+        # a wakes up and goes on with the run: its steps are not written any more.
+        a.runs.record_round(run, [{"role": "assistant", "content": "from a"}])
+        await a.store.durable()
+        assert "round" not in [r["type"] for r in b.store.records() if r["run"] == run.handle]
+        b.release[run.handle].set()
+        (ended,), timed_out = await b.runs.wait([run.handle], "all", 10)
+        assert not timed_out and ended.result == "answer to orphaned"
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_runtime_restarted_takes_its_own_runs_back_at_once(postgres_url):
+    first = Runtime(postgres_url, "a", 60.0)
+    run = await first.spawn("across a restart")
+    await first.stop()  # as a crash leaves it: the lease still held, for a minute
+    again, other = Runtime(postgres_url, "a", 60.0), Runtime(postgres_url, "b", 60.0)
+    try:
+        restore(other.runs)
+        restore(again.runs)
+        await until(lambda: run.handle in again.started, what="the restarted runtime to resume its run")
+        assert other.started == [], "the lease is a's: b leaves the run alone"
+    finally:
+        await again.stop()
+        await other.stop()
+
+
+async def test_the_runs_of_a_runtime_that_stopped_cleanly_are_taken_at_the_next_round(postgres_url):
+    a, b = Runtime(postgres_url, "a", 60.0), Runtime(postgres_url, "b", 60.0)
+    try:
+        run = await a.spawn("handed over")
+        await a.runs.shutdown()
+        a.store.release()  # what a runtime's stop does once its loops have stopped
+        await b.leases.tick()  # b's next round, without waiting the 20 s for it
+        await until(lambda: b.started == [run.handle], what="b to resume the run")
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_run_that_ended_on_the_other_runtime_answers_there_and_here(pair):
+    a, b = pair
+    run = await a.spawn("ended far away")
+    a.release[run.handle].set()
+    await until(lambda: not run.running, what="a to finish the run")
+    await a.store.durable()
+    (seen,) = await b.runs.find([run.handle])  # b never saw it running
+    assert (seen.status, seen.result) == ("finished", "answer to ended far away")
