@@ -110,12 +110,15 @@ class RunBook:
         if run is None:
             return
         completed = event.completed if kind == "completed" else None
-        if completed is not None and completed.tool_call_ids:
-            run.tool_call_ids = tuple(completed.tool_call_ids)
-        if completed is not None and completed.prompt_tokens > 0:
-            run.prompt_tokens, run.completion_tokens = completed.prompt_tokens, completed.completion_tokens
-            run.max_tokens = turn.max_tokens if turn is not None else 0
         if completed is not None:
+            if completed.tool_call_ids:
+                run.tool_call_ids = tuple(completed.tool_call_ids)
+            if completed.prompt_tokens > 0:
+                run.prompt_tokens, run.completion_tokens = (
+                    completed.prompt_tokens,
+                    completed.completion_tokens,
+                )
+                run.max_tokens = turn.max_tokens if turn is not None else 0
             run.tool_names = tuple(completed.tool_names)
         paused = completed is not None and pauses_run(completed.finish_reason, completed.tool_call_ids)
         phase = phase_after_turn(paused, others_running=bool(self._turn_count.get(run.run_id)))

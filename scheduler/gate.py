@@ -199,6 +199,8 @@ def learn_pause(pauses: tuple[float, ...], pause_s: float) -> tuple[float, ...]:
 def tool_key(tool_names: tuple[str, ...]) -> str:
     """What a run paused on the tools of one reply is paused on: their names, each once, sorted
     and joined by "+" ("" for none: no tool is known)."""
+    if not tool_names:
+        return ""  # most completions call none: no set, sort or join on the decision's path
     return "+".join(sorted(set(name for name in tool_names if name)))[:TOOL_KEY_CHARS]
 
 
@@ -211,14 +213,20 @@ def learn_tool_pause(tools: ToolPauses, tool: str, pause_s: float) -> ToolPauses
     return (*others[-(TOOLS_PER_CALLER - 1) :], (tool, learn_pause(before, pause_s)))
 
 
+def own_pauses(tools: ToolPauses, tool: str) -> tuple[float, ...] | None:
+    """A caller's pauses on `tool` where there are enough of them (`MIN_TOOL_SAMPLES`) to set the
+    keep time of a run paused on it; None where there are fewer, or the tool is not known."""
+    for name, samples in tools:
+        if name == tool:
+            return samples if len(samples) >= MIN_TOOL_SAMPLES else None
+    return None
+
+
 def pauses_on(caller_pauses: tuple[float, ...], tools: ToolPauses, tool: str) -> tuple[float, ...]:
-    """The pauses a run of the caller paused on `tool` keeps its place by: the tool's, once there
-    are `MIN_TOOL_SAMPLES` of them, else all of the caller's."""
-    if tool:
-        for name, samples in tools:
-            if name == tool and len(samples) >= MIN_TOOL_SAMPLES:
-                return samples
-    return caller_pauses
+    """The pauses a run of the caller paused on `tool` keeps its place by: the tool's own
+    (`own_pauses`), else all of the caller's."""
+    own = own_pauses(tools, tool) if tool else None
+    return own if own is not None else caller_pauses
 
 
 def hold_for(pauses: tuple[float, ...]) -> float:

@@ -201,9 +201,9 @@ def _gate_document(state: State) -> dict[str, Any]:
         "min_tool_samples": gate.MIN_TOOL_SAMPLES,
         "keep_s_by_tool": {
             caller: {
-                tool: round(gate.hold_for(samples), 3)
-                for tool, samples in sorted(tools)
-                if len(samples) >= gate.MIN_TOOL_SAMPLES
+                tool: round(gate.hold_for(own), 3)
+                for tool, _ in sorted(tools)
+                if (own := gate.own_pauses(tools, tool)) is not None
             }
             for caller, tools in sorted(state.tool_pauses.items())
         },

@@ -67,6 +67,29 @@ RATIO_SCENARIOS = tuple(TARGET_RATIO)
 TIE_SCENARIOS = ("light", "mcp-light")
 
 
+def against(ours: Sequence[ArmResult], others: Sequence[ArmResult]) -> tuple[list[float], list[float]]:
+    """Seed by seed, our interactive runs/min over the other arm's (inf where it served none), and
+    our batch runs/min against its, minus 1 (0 where it served none)."""
+    ratios = [
+        o.interactive_runs_per_min / t.interactive_runs_per_min if t.interactive_runs_per_min else math.inf
+        for o, t in zip(ours, others, strict=True)
+    ]
+    changes = [
+        o.batch_runs_per_min / t.batch_runs_per_min - 1 if t.batch_runs_per_min else 0.0
+        for o, t in zip(ours, others, strict=True)
+    ]
+    return ratios, changes
+
+
+def meets(
+    ratios: Sequence[float], changes: Sequence[float], need: float, tolerance: float, above: bool
+) -> bool:
+    """The verdict on `against`'s figures: the median ratio at least `need` (`above`: more than
+    it), and the median batch change no more than `tolerance` below 0."""
+    ratio = statistics.median(ratios)
+    return (ratio > need if above else ratio >= need) and statistics.median(changes) >= -tolerance
+
+
 def _at_least(minimum: float, kind: type[int] | type[float], what: str) -> Callable[[str], float]:
     """An argparse type: a number of `kind`, at least `minimum`; the message says what was wrong."""
 
@@ -259,20 +282,9 @@ def summary(scenario: str, by_seed: dict[int, list[ArmResult]], title: str | Non
     def compare(
         label: str, others: list[ArmResult], need_ratio: float, batch_tolerance: float, above: bool = False
     ) -> None:
-        ratios = [
-            o.interactive_runs_per_min / t.interactive_runs_per_min
-            if t.interactive_runs_per_min
-            else math.inf
-            for o, t in zip(ours, others, strict=True)
-        ]
-        changes = [
-            o.batch_runs_per_min / t.batch_runs_per_min - 1 if t.batch_runs_per_min else 0.0
-            for o, t in zip(ours, others, strict=True)
-        ]
+        ratios, changes = against(ours, others)
         ratio = statistics.median(ratios)
-        met = (ratio > need_ratio if above else ratio >= need_ratio) and statistics.median(
-            changes
-        ) >= -batch_tolerance
+        met = meets(ratios, changes, need_ratio, batch_tolerance, above)
         needs = f"> {need_ratio:g}x" if above else f">= {need_ratio:g}x"
         lines.append(
             f"| {label} | {' / '.join(f'{x:.2f}x' for x in ratios)} | {ratio:.2f}x | "

@@ -130,50 +130,24 @@ def judge(
     need = cli.TARGET_RATIO.get(scenario)
 
     def point(curve: str, setting: str, results: list[ArmResult]) -> Point:
-        ratios = [
-            r.interactive_runs_per_min / b.interactive_runs_per_min
-            if b.interactive_runs_per_min
-            else float("inf")
-            for r, b in zip(results, blind, strict=True)
-        ]
-        changes = [
-            r.batch_runs_per_min / b.batch_runs_per_min - 1 if b.batch_runs_per_min else 0.0
-            for r, b in zip(results, blind, strict=True)
-        ]
+        ratios, changes = cli.against(results, blind)
         # A curve's point at the peer's own setting is that peer: never judged against itself.
         others = {name: rs for name, rs in peers.items() if rs[0].name != results[0].name}
-        peer_ratios = {
-            name: _median(
-                [
-                    r.interactive_runs_per_min / p.interactive_runs_per_min
-                    if p.interactive_runs_per_min
-                    else float("inf")
-                    for r, p in zip(results, rs, strict=True)
-                ]
-            )
-            for name, rs in others.items()
-        }
-        peer_changes = {
-            name: _median(
-                [r.batch_runs_per_min / p.batch_runs_per_min - 1 for r, p in zip(results, rs, strict=True)]
-            )
-            for name, rs in others.items()
-        }
+        versus = {name: cli.against(results, rs) for name, rs in others.items()}
         best_peer = (
             [max(_total(rs[i]) for rs in others.values()) for i in range(len(results))] if others else []
         )
         total_ratio = (
             _median([_total(r) / b for r, b in zip(results, best_peer, strict=True)]) if others else None
         )
-        ratio, change = _median(ratios), _median(changes)
         meets_peers = all(
-            (
-                peer_ratios[name] > cli.PEER_RATIO[name]
-                if name in cli.ABOVE
-                else peer_ratios[name] >= cli.PEER_RATIO[name]
+            cli.meets(
+                *versus[name],
+                cli.PEER_RATIO[name],
+                cli.PEER_BATCH_TOLERANCE.get(name, cli.BATCH_TOLERANCE),
+                name in cli.ABOVE,
             )
-            and peer_changes[name] >= -cli.PEER_BATCH_TOLERANCE.get(name, cli.BATCH_TOLERANCE)
-            for name in peer_ratios
+            for name in versus
             if name in cli.PEER_RATIO
         )
         return Point(
@@ -183,11 +157,11 @@ def judge(
             _median([r.interactive_runs_per_min for r in results]),
             _median([r.batch_runs_per_min for r in results]),
             _median([_total(r) for r in results]),
-            ratio,
-            change,
-            peer_ratios,
+            _median(ratios),
+            _median(changes),
+            {name: _median(r) for name, (r, _) in versus.items()},
             total_ratio,
-            (ratio >= need and change >= -cli.BATCH_TOLERANCE) if need is not None else None,
+            cli.meets(ratios, changes, need, cli.BATCH_TOLERANCE, False) if need is not None else None,
             meets_peers,
             total_ratio > 1.0 if total_ratio is not None else None,
         )

@@ -58,13 +58,11 @@ def _runs_after(tx: _Tx, e: Resynced) -> dict[str, Run]:
                 if r.prompt_tokens > 0
                 else 0,
             )
-            # A paused one keeps its place for its keep time on its tool, as if it had just paused.
-            tool = gate.tool_key(r.tool_names) if r.phase is _PAUSED else ""
-            runs[r.run_id] = (
-                run._replace(hold_until=_hold_until(tx, run, e.at, tool), tool=tool)
-                if r.phase is _PAUSED
-                else run
-            )
+            if r.phase is _PAUSED:
+                # It keeps its place for its keep time on its tool, as if it had just paused.
+                tool = gate.tool_key(r.tool_names)
+                run = run._replace(hold_until=_hold_until(tx, run, e.at, tool), tool=tool)
+            runs[r.run_id] = run
     return runs
 
 
