@@ -8,8 +8,10 @@ round is journaled before the next turn is sent. A reply without tool calls is t
 Once `maxToolCalls` calls are spent the model is offered no tools, so a run takes at most
 `maxToolCalls + 1` turns.
 
-The reply that asks for tools and each answered call are journaled as they happen, so the loop
-resumes after a restart from exactly where it was: a cut round runs only its unanswered calls.
+The reply that asks for tools, each call as it is sent and each answered call are journaled as
+they happen, so the loop resumes after a restart from exactly where it was: a cut round runs only
+the calls it had not sent. Tool calls are at most once: a call sent but not answered when the run
+stopped may have taken effect, so it is not sent again; the model is told its outcome is unknown.
 Budgets (budgets.py) are checked before each turn, after it, and before each call; a call of a
 tool that needs approval (approvals.py) waits for the user first.
 """
@@ -42,6 +44,14 @@ log = logging.getLogger(__name__)
 
 
 _UNSAFE_HEADER_CHARS = re.compile(r"[^\x21-\x7e]")
+
+# The answer to a call that was in flight when its run stopped (a restart, or a runtime that died
+# while another took its runs over): it is not sent again.
+UNKNOWN_OUTCOME = (
+    "Error: the outcome of this tool call is unknown: it was sent, but the runtime making it stopped "
+    "before the answer came, and it is not sent again (tool calls are at most once; idempotency key "
+    "{key}). Check whether it took effect before calling it again."
+)
 
 
 def caller_header(caller: str) -> str:
@@ -194,6 +204,21 @@ class Agent:
         as the call's idempotency key (`idempotency_key`)."""
         tool = offered.get(call.name)
         server = tool.server if tool else ""
+        if call.id in run.sent_calls:
+            # Sent before the run resumed and never answered: it may have taken effect, so it is
+            # not sent again (counted when it was sent; it counts as failed).
+            self.metrics.tool_call(server, "unknown")
+            run.counters["failedToolCalls"] += 1
+            log.info(
+                "run %s: tool call %s was in flight when the run stopped; not sent again",
+                run.handle,
+                call.name,
+            )
+            return {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": UNKNOWN_OUTCOME.format(key=run.sent_calls[call.id]),
+            }
         if run.counters["toolCalls"] >= run.spec.maxToolCalls:
             # Several calls in one reply can overrun the budget; the extra ones are not run.
             text = f"Error: not run: the tool-call budget of {run.spec.maxToolCalls} is spent; answer with what you have."
@@ -226,6 +251,15 @@ class Agent:
                     outcome = "declined"
                     text = DECLINED_TEXT
                 else:
+                    runs.record_sent(run, call.id, tool.name, key)
+                    await runs.journal.durable()  # stored before the request leaves
+                    if not run.running:
+                        return None
+                    if not runs.journal.holds(run.handle):
+                        # Another runtime took the run over (this one lost its lease): it drives
+                        # the call from here, and this loop stops without sending it.
+                        runs.let_go(run.handle)
+                        raise asyncio.CancelledError
                     started = time.monotonic()
                     with spans.tool_call(tool.name, call.id) as span:
                         result = await self.tool_servers.call(tool, arguments, idempotency_key=key)
@@ -247,7 +281,7 @@ class Agent:
 
 def idempotency_key(handle: str, round_number: int, index: int) -> str:
     """The key a tool call carries to its server: the run, the round (0 for the first) and the
-    call's place in it. A call made again after a restart (tool calls are at least once: one in
-    flight when the runtime died is not journaled as answered) carries the same key, so a server
-    that remembers keys can answer it without doing it twice."""
+    call's place in it; no two calls share one. Tool calls are at most once: a call is journaled
+    as sent under its key before it leaves, and one sent but not answered when its run resumes is
+    never sent again (`UNKNOWN_OUTCOME`), so a server sees each key once at most."""
     return f"{handle}/{round_number}/{index}"

@@ -35,6 +35,12 @@ calls again and asks no answered approval again:
     {"v":1,"type":"turn","run":H,"at":T,"message":{...},<counters>}
         A model reply that asks for tools: the assistant message with its tool_calls, written
         before any of the calls runs.
+    {"v":1,"type":"sent","run":H,"at":T,"call":ID,"tool":NAME,"key":K,<counters>}
+        The call with this tool_call id goes to its tool server under idempotency key K:
+        written, and durable, before the request leaves. Tool calls are at most once: a call
+        sent but not answered when its run resumes (after a restart, or on another runtime
+        once the lease of a dead one expired) has an unknown outcome and is not sent again;
+        the model is told so (runtime/agent.py `UNKNOWN_OUTCOME`).
     {"v":1,"type":"call","run":H,"at":T,"message":{...},<counters>}
         One call of that reply done: its role "tool" message.
     {"v":1,"type":"asked","run":H,"at":T,"call":ID,"tool":NAME,"deadline":D}
@@ -129,6 +135,8 @@ class ReplayedRun:
     # A round cut short: the assistant message asking for tools, and the calls already answered.
     pending_turn: dict[str, Any] | None = None
     pending_results: list[dict[str, Any]] = field(default_factory=list)
+    # The calls of that round journaled as sent: idempotency key by tool_call id.
+    sent: dict[str, str] = field(default_factory=dict)
     # Approval decisions by tool_call id, and the deadlines of those asked.
     decisions: dict[str, bool] = field(default_factory=dict)
     deadlines: dict[str, float] = field(default_factory=dict)
@@ -401,9 +409,11 @@ def _fold(runs: dict[str, ReplayedRun], record: dict[str, Any], where: str, warn
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError("messages must be a list of message objects")
         run.rounds.append(list(messages))
-        run.pending_turn, run.pending_results = None, []
+        run.pending_turn, run.pending_results, run.sent = None, [], {}
     elif kind == "turn" and isinstance(record.get("message"), dict):
-        run.pending_turn, run.pending_results = record["message"], []
+        run.pending_turn, run.pending_results, run.sent = record["message"], [], {}
+    elif kind == "sent" and isinstance(record.get("call"), str) and run.pending_turn is not None:
+        run.sent[record["call"]] = str(record.get("key") or "")
     elif kind == "call" and isinstance(record.get("message"), dict) and run.pending_turn is not None:
         run.pending_results.append(record["message"])
     elif kind == "approval" and isinstance(record.get("call"), str):

@@ -15,7 +15,10 @@ a runtime that lost a run (paused past its lease, then woken) cannot write a ste
 The keeper here, every third of the lease:
 - renews this runtime's leases; a run whose lease it lost stops here (`Runs.let_go`);
 - takes every lease whose holder has not renewed it in time (a runtime killed, or cut off) and
-  resumes those runs from their last journaled step, as a restart does (`restore.take_over`);
+  resumes those runs from their last journaled step, as a restart does (`restore.take_over`).
+  Not in the first round after the store could not be reached: an outage longer than `lease_s`
+  lets every lease expire, and the runtimes driving those runs, cut off as well, renew them
+  in their own first round back, so each keeps its runs instead of the quickest taking all;
 - reads again the runs it shows as driven elsewhere.
 
 Any runtime answers status, await, cancel and approve for any run: one it does not drive is read
@@ -55,6 +58,8 @@ class Leases:
         self._keeping: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refreshing: set[asyncio.Task[None]] = set()
+        # The last round could not reach the store: the next one takes no lease (`tick`).
+        self._cut_off = False
 
     def start(self) -> None:
         """Starts the keeper and the listener (on the event loop)."""
@@ -82,6 +87,7 @@ class Leases:
             try:
                 await self.tick()
             except JournalError as e:
+                self._cut_off = True
                 log.warning("leases not renewed this time (%s); runs driven here go on", e)
 
     async def tick(self) -> None:
@@ -89,7 +95,9 @@ class Leases:
         lost = await asyncio.to_thread(self.store.renew)
         for handle in lost:
             self.runs.let_go(handle)
-        taken = await asyncio.to_thread(self.store.take_expired)
+        # Back from an outage: every lease may have expired in it; their holders renew them now.
+        taken = [] if self._cut_off else await asyncio.to_thread(self.store.take_expired)
+        self._cut_off = False
         if taken:
             resumed = take_over(self.runs, await asyncio.to_thread(self.store.load, taken))
             log.warning(

@@ -31,8 +31,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 STATES = ("running", "AwaitingApproval", "finished", "failed", "cancelled")
 # ok: the tool answered; error: it answered with an error (or its server failed); refused: not
 # sent (no such tool, arguments that do not fit its schema); declined: the user said no;
-# not_run: the run's maxToolCalls was spent.
-TOOL_OUTCOMES = ("ok", "error", "refused", "declined", "not_run")
+# not_run: the run's maxToolCalls was spent; unknown: sent before the run stopped (a restart, a
+# takeover) and never answered, so not sent again (tool calls are at most once).
+TOOL_OUTCOMES = ("ok", "error", "refused", "declined", "not_run", "unknown")
 NO_SERVER = "(none)"
 # Group commits take from well under a millisecond (page cache) to seconds (a slow disk).
 _WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0)
@@ -71,7 +72,7 @@ class RuntimeMetrics:
         self._tool_calls = Counter(
             "luftpause_runtime_tool_calls",
             "Tool calls sub-agents asked for, by tool server and outcome "
-            "(ok, error, refused, declined, not_run).",
+            "(ok, error, refused, declined, not_run, unknown).",
             ["server", "outcome"],
             registry=self.registry,
         )

@@ -124,12 +124,17 @@ INSERT = (
     "INSERT INTO luftpause_records (key, run, type, record) VALUES (%(key)s, %(run)s, %(type)s, %(record)s) "
     "ON CONFLICT (key) DO NOTHING"
 )
-# A record of a run this runtime drives: in only while the run's lease is its own.
+# A record of a run this runtime drives: in only while the run's lease is its own. The lease row is
+# locked (FOR SHARE) until the record's transaction commits, so a runtime taking the lease over
+# waits for it and then reads the record; one taken first leaves the record out.
 FENCED_INSERT = (
     "INSERT INTO luftpause_records (key, run, type, record) SELECT %(key)s, %(run)s, %(type)s, %(record)s "
-    "WHERE EXISTS (SELECT 1 FROM luftpause_leases WHERE run = %(run)s AND owner = %(owner)s) "
+    "WHERE EXISTS (SELECT 1 FROM luftpause_leases WHERE run = %(run)s AND owner = %(owner)s FOR SHARE) "
     "ON CONFLICT (key) DO NOTHING"
 )
+# Who holds a run's lease, the row locked as above: asked before a `sent` record goes in, since a
+# call must not leave from a runtime that no longer drives its run (tool calls are at most once).
+LEASE_HOLDER = "SELECT owner FROM luftpause_leases WHERE run = %s FOR SHARE"
 
 
 def described(url: str) -> str:
@@ -196,6 +201,9 @@ class PostgresStore(RunStore):
         # The runs whose leases this runtime holds, as far as it knows: their records go in only
         # while the lease is still its own (a runtime that lost one writes nothing for its run).
         self.leased: set[str] = set()
+        # Runs of the batch being written whose `sent` record was refused: another runtime took
+        # their leases (`_write`, `_committed`).
+        self._refused: set[str] = set()
         try:
             self.where = described(url)
         except ValueError as e:
@@ -250,6 +258,7 @@ class PostgresStore(RunStore):
         holds goes in only while its lease is this runtime's; a spawn takes the run's lease, and
         an end lets it go. A run's end and an approval decided are notified on `CHANNEL`: another
         runtime may drive the run (a cancel, an approval) or wait on it (an await)."""
+        self._refused = set()
         with conn.pipeline(), conn.cursor() as cur:
             for key, r in batch:
                 if "task" in r:
@@ -257,6 +266,13 @@ class PostgresStore(RunStore):
                     continue
                 run, kind = r["run"], r["type"]
                 row = {"key": key, "run": run, "type": kind, "record": Json(r), "owner": self.owner}
+                if kind == "sent":
+                    holder = cur.execute(LEASE_HOLDER, (run,)).fetchone()
+                    if holder is None or holder[0] != self.owner:
+                        self._refused.add(run)  # the call is not sent (`holds`)
+                        continue
+                    cur.execute(INSERT, row)
+                    continue
                 fenced = kind != "spawned" and not (kind in NOTIFIED and run not in self.leased)
                 cur.execute(FENCED_INSERT if fenced else INSERT, row)
                 if kind == "spawned":
@@ -300,7 +316,9 @@ class PostgresStore(RunStore):
         )
 
     def _committed(self, batch: Batch) -> None:
-        """After a batch's commit: the leases its spawns took and its ends let go."""
+        """After a batch's commit: the leases its spawns took and its ends let go, and those
+        found held by another runtime."""
+        self.leased -= self._refused
         for _, r in batch:
             if "task" in r:
                 continue
@@ -311,6 +329,9 @@ class PostgresStore(RunStore):
 
     async def durable(self) -> None:
         await self.writer.durable()
+
+    def holds(self, handle: str) -> bool:
+        return handle in self.leased
 
     async def durable_spawn(self) -> None:
         """Waits for the spawn's record as `durable` does, but refuses the spawn (JournalError)

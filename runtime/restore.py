@@ -72,7 +72,7 @@ def take_over(runs: Runs, replayed: list[ReplayedRun]) -> list[Run]:
 
 # What a run resumed here takes from its replay when an object for it is shown already.
 RESUMED_FIELDS = ("spec", "caller", "created_at", "messages", "counters", "pending_turn", "pending_results",
-                  "decisions", "approval_deadlines", "owner", "traceparent", "approvals")  # fmt: skip
+                  "sent_calls", "decisions", "approval_deadlines", "owner", "traceparent", "approvals")  # fmt: skip
 
 
 def _resume(runs: Runs, restored: list[Run]) -> int:
@@ -113,6 +113,7 @@ def rebuild(replayed: ReplayedRun) -> Run | None:
         counters={**new_counters(), **replayed.counters},
         pending_turn=replayed.pending_turn,
         pending_results=list(replayed.pending_results),
+        sent_calls=dict(replayed.sent),
         decisions=dict(replayed.decisions),
         approval_deadlines=dict(replayed.deadlines),
         owner=replayed.owner,

@@ -67,6 +67,9 @@ class Run:
     # A round cut short by a restart: its assistant message and the calls already answered.
     pending_turn: dict[str, Any] | None = None
     pending_results: list[dict[str, Any]] = field(default_factory=list)
+    # The calls of the pending turn journaled as sent, by tool_call id: their idempotency keys.
+    # One not answered when the run resumes has an unknown outcome and is not sent again.
+    sent_calls: dict[str, str] = field(default_factory=dict)
     # Approval decisions by tool_call id (journaled), and the calls waiting for one.
     decisions: dict[str, bool] = field(default_factory=dict)
     approvals: dict[str, Approval] = field(default_factory=dict)

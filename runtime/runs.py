@@ -387,7 +387,13 @@ class Runs:
         """Journals a reply that asks for tools, before any of its calls runs."""
         if run.running:
             self.journal.turn(run.handle, message, dict(run.counters))
-            run.pending_turn, run.pending_results = message, []
+            run.pending_turn, run.pending_results, run.sent_calls = message, [], {}
+
+    def record_sent(self, run: Run, call_id: str, tool: str, key: str) -> None:
+        """Journals that a call of the pending turn goes to its tool server now, under `key`."""
+        if run.running:
+            self.journal.sent(run.handle, call_id, tool, key, dict(run.counters))
+            run.sent_calls[call_id] = key
 
     def record_call(self, run: Run, message: dict[str, Any]) -> None:
         """Journals one answered call of the pending turn."""
@@ -401,7 +407,7 @@ class Runs:
             return
         self.journal.round(run.handle, messages, dict(run.counters))
         run.messages.extend(messages)
-        run.pending_turn, run.pending_results = None, []
+        run.pending_turn, run.pending_results, run.sent_calls = None, [], {}
 
     def finish(
         self,
@@ -428,7 +434,7 @@ class Runs:
             self._ran(run)
         # Its conversation is never read again (await answers with the result; a restart replays
         # only unfinished runs): a finished run kept for the retention window costs little.
-        run.messages, run.pending_turn, run.pending_results = [], None, []
+        run.messages, run.pending_turn, run.pending_results, run.sent_calls = [], None, [], {}
         for approval in run.approvals.values():
             approval.abandon()
         run.approvals.clear()

@@ -71,6 +71,12 @@ class RunStore(ABC):
     async def durable(self) -> None:
         """Returns once every record so far is stored; `JournalError` if it cannot be."""
 
+    def holds(self, handle: str) -> bool:
+        """Whether this runtime still drives the run, as far as the records written so far tell: a
+        shared store refuses a `sent` record of a run whose lease another runtime has taken, and
+        then the call must not leave. A store of one runtime holds every run."""
+        return True
+
     async def durable_spawn(self) -> None:
         """`durable` for a spawn, which a store may refuse sooner than a step: a client waiting for
         its handle is told at once that no new run can be kept (postgres_store.py)."""
@@ -141,6 +147,9 @@ class RunStore(ABC):
 
     def turn(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
         self.append("turn", run, message=message, **rounded(counters))
+
+    def sent(self, run: str, call_id: str, tool: str, key: str, counters: dict[str, float]) -> None:
+        self.append("sent", run, call=call_id, tool=tool, key=key, **rounded(counters))
 
     def call(self, run: str, message: dict[str, Any], counters: dict[str, float]) -> None:
         self.append("call", run, message=message, **rounded(counters))

@@ -11,9 +11,10 @@ fails the same way, so one hung tool server cannot hold a run forever.
 
 Tool names are global across servers: the first configured server offering a name wins.
 
-Tool calls are at least once: one in flight when the runtime dies is made again after the
-restart. Each carries an idempotency key in its request's `_meta` (`luftpause/idempotency-key`:
-run, round, call index), the same on the second try, for servers that can make a repeat a no-op.
+Tool calls are at most once: each is journaled as sent before it leaves, and one in flight when
+the runtime dies is not made again (runtime/agent.py `UNKNOWN_OUTCOME`). Each carries an
+idempotency key in its request's `_meta` (`luftpause/idempotency-key`: run, round, call index),
+which no other call shares, so a server can tell calls apart and log them by it.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ async def test_a_run_calls_its_tool_then_answers(tmp_path):
     assert headers["x-luftpause-caller"] == "session-1"
     assert engine.deleted == [f"/v1/runs/{run.handle}"]
     kinds = [(r["type"], r["run"]) for r in read_records(tmp_path / "runs.jsonl")]
-    assert [k for k, _ in kinds] == ["spawned", "turn", "call", "round", "finished"]
+    assert [k for k, _ in kinds] == ["spawned", "turn", "sent", "call", "round", "finished"]
     assert {h for _, h in kinds} == {run.handle}
 
 

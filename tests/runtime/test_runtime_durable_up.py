@@ -44,18 +44,22 @@ def received(calls_log: Path) -> list[tuple[int, str]]:
     return [(e["pid"], e["arguments"]["query"]) for e in entries]
 
 
-def journaled_queries(records: list[dict]) -> list[str]:
-    """The query of every call journaled as answered (call records; rounds repeat them)."""
+def journaled_queries(records: list[dict], kind: str = "call") -> list[str]:
+    """The query of every call journaled as answered (`call` records; rounds repeat them), or
+    as sent (`sent` records, written before a call leaves)."""
     by_id = {}
     for r in records:
         if r["type"] == "turn":
             for c in r["message"]["tool_calls"]:
                 by_id[c["id"]] = json.loads(c["function"]["arguments"])["query"]
-    return [by_id[r["message"]["tool_call_id"]] for r in records if r["type"] == "call"]
+    ids = [
+        r["message"]["tool_call_id"] if kind == "call" else r["call"] for r in records if r["type"] == kind
+    ]
+    return [by_id[i] for i in ids]
 
 
 @pytest.mark.timeout(240)
-async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_call(tmp_path):
+async def test_kill_9_mid_run_resumes_every_run_and_sends_no_call_twice(tmp_path):
     ports = Ports()
     calls_log = tmp_path / "calls.jsonl"
     config = write_stack_config(tmp_path, ports, calls_log)
@@ -85,6 +89,7 @@ async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_ca
         unfinished = set(handles) - {r["run"] for r in before if r["type"] == "finished"}
         assert unfinished, "every run finished before the kill: nothing was resumed"
         answered_before = journaled_queries(before)
+        sent_before = journaled_queries(before, "sent")
 
         wait_until(
             lambda: "restarted runtime" in log.read_text(), timeout_s=30, what="up to restart the runtime"
@@ -102,19 +107,20 @@ async def test_kill_9_mid_run_resumes_every_run_without_repeating_a_journaled_ca
     assert [r["toolCalls"] for r in awaited["runs"]] == [3] * RUNS
 
     # After the restart the tool server received exactly the calls that were not journaled as
-    # answered: none that a complete round (or an answered call) had recorded ran again.
+    # sent: none that a round or an answered call had recorded, and none in flight at the kill
+    # (tool calls are at most once), which the model was told has an unknown outcome.
     calls = received(calls_log)
     first_pid = calls[0][0]
     after = Counter(q for pid, q in calls if pid != first_pid)
-    done_before = Counter(answered_before)
-    assert {t: after[t] for t in tasks} == {t: 3 - done_before[t] for t in tasks}
-    in_flight_at_kill = len([1 for pid, _ in calls if pid == first_pid]) - sum(done_before.values())
-    assert len(calls) == 3 * RUNS + in_flight_at_kill and in_flight_at_kill <= len(unfinished)
-    # Each call carries an idempotency key of its own; a call made again after the restart (it
-    # was in flight when the runtime died) carries the same key as the first time.
+    assert {t: after[t] for t in tasks} == {t: 3 - Counter(sent_before)[t] for t in tasks}
+    in_flight_at_kill = len(sent_before) - len(answered_before)
+    assert 0 <= in_flight_at_kill <= len(unfinished)
+    assert sum(r["failedToolCalls"] for r in awaited["runs"]) == in_flight_at_kill
+    # Each call carries an idempotency key of its own, and no key reached the tool server twice.
     keys = [(e["pid"], e["key"]) for e in map(json.loads, calls_log.read_text().splitlines())]
     assert all(key for _, key in keys)
-    assert len({key for _, key in keys}) == 3 * RUNS
-    first = {key for pid, key in keys if pid == first_pid}
-    assert sum(1 for pid, key in keys if pid != first_pid and key in first) == in_flight_at_kill
+    assert len({key for _, key in keys}) == len(keys) <= 3 * RUNS
+    print(
+        f"\n{in_flight_at_kill} calls in flight at the kill, answered as of unknown outcome, not sent again"
+    )
     assert "resuming after 1 journaled tool rounds" in log.read_text()

@@ -205,12 +205,15 @@ async def test_the_journal_records_spawn_each_tool_round_and_the_end(runtime):
     # then whole.
     assert [r["type"] for r in records] == [
         "spawned",
-        *["turn", "call", "round"] * 2,
+        *["turn", "sent", "call", "round"] * 2,
         "finished",
     ]
-    spawned, turn, call_record, round_one = records[:4]
+    spawned, turn, sent, call_record, round_one = records[:5]
     finished = records[-1]
     assert round_one["messages"] == [turn["message"], call_record["message"]]
+    # The call is journaled as sent, under its idempotency key, before it leaves.
+    assert sent["call"] == turn["message"]["tool_calls"][0]["id"] == call_record["message"]["tool_call_id"]
+    assert sent["key"] == f"{spawned['run']}/0/0" and sent["toolCalls"] == 1
     assert spawned["spec"]["task"] == task and spawned["spec"]["maxTokens"] == 16
     assert spawned["spec"]["maxToolCalls"] == 8 and spawned["spec"]["serviceClass"] == "interactive"
     assistant, tool = round_one["messages"]

@@ -6,12 +6,14 @@ import asyncio
 import itertools
 import json
 import threading
+from types import SimpleNamespace
 
 import httpx
+import psycopg
 import pytest
 from support import until
 
-from luftpause.runtime.agent import Agent
+from luftpause.runtime.agent import UNKNOWN_OUTCOME, Agent
 from luftpause.runtime.approvals import decide_approval
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import Dataplane, decision_of
@@ -172,7 +174,9 @@ async def test_a_tool_call_budget_caps_the_whole_subtree_and_cancels_it(stack):
 
     message = "budget exceeded: toolCalls 5/5"
     assert (parent.status, parent.error) == ("cancelled", message)
-    assert len(stack.tools.calls) == 5
+    # Five calls let through; one whose run was cancelled while its `sent` record was being
+    # written never left (as one waiting for approval would not).
+    assert 1 <= len(stack.tools.calls) <= 5
     assert sum(c.counters["toolCalls"] for c in parent.subtree()) == 5
     assert {c.status for c in children} == {"cancelled"} and {c.error for c in children} == {message}
     shown = view(parent)
@@ -247,17 +251,18 @@ async def test_without_parallel_tool_calls_the_calls_of_a_reply_run_one_by_one(t
     assert "parallel_tool_calls" not in s.engine.bodies[0]
 
 
-async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path, stores):
-    first = calls_reply(("lookup", {"query": "one"}), ("lookup", {"query": "two"}))
+async def test_a_round_cut_by_a_restart_sends_only_the_calls_it_had_not_sent(tmp_path, stores):
+    first = calls_reply(*(("lookup", {"query": q}) for q in ("one", "two", "three")))
     replies = iter([first, answer("after restart")])
     s = Stack(tmp_path, lambda run_id, body: next(replies), stores=stores)
     s.tools.hang = [{"query": "two"}]
     run = s.spawn("cut")
-    # The first call finishes and the second hangs: stop the runtime mid-round.
+    # The first call is answered and the second hangs: stop the runtime mid-round, with the
+    # second in flight and the third not sent.
     await until(lambda: len(s.tools.calls) == 2)
     await s.close()
     kinds = [r["type"] for r in stores.records()]
-    assert kinds == ["spawned", "turn", "call"]
+    assert kinds == ["spawned", "turn", "sent", "call", "sent"]
 
     s.tools.calls.clear()
     s.tools.hang = []
@@ -266,13 +271,44 @@ async def test_a_round_cut_by_a_restart_runs_only_its_unanswered_calls(tmp_path,
     resumed = s.runs.get(run.handle)
     await asyncio.wait_for(resumed.done.wait(), 10)
     await s.close()
-    assert s.tools.calls == [("lookup", {"query": "two"})]
-    assert resumed.result == "after restart" and resumed.counters["toolCalls"] == 2
+    # Tool calls are at most once: the one in flight at the stop is not sent again.
+    assert s.tools.calls == [("lookup", {"query": "three"})]
+    assert resumed.result == "after restart"
+    assert (resumed.counters["toolCalls"], resumed.counters["failedToolCalls"]) == (3, 1)
     round_record = [r for r in stores.records() if r["type"] == "round"][0]
-    assert [m.get("content") for m in round_record["messages"][1:]] == [
-        'lookup done: {"query": "one"}',
-        'lookup done: {"query": "two"}',
-    ]
+    answers = [m.get("content") for m in round_record["messages"][1:]]
+    assert answers[0] == 'lookup done: {"query": "one"}' and answers[2] == 'lookup done: {"query": "three"}'
+    assert answers[1] == UNKNOWN_OUTCOME.format(key=f"{run.handle}/0/1")
+    assert answers[1].startswith("Error: the outcome of this tool call is unknown")
+
+
+async def test_a_runtime_that_lost_a_runs_lease_sends_none_of_its_calls(tmp_path, postgres_url):
+    """Tool calls are at most once across runtimes too: once another runtime has taken a run's
+    lease, this one stores no `sent` record of it, sends no call of it and lets the run go."""
+    from luftpause.runtime.postgres_store import PostgresStore
+
+    replies = iter([calls_reply(("lookup", {"query": "one"}), ("lookup", {"query": "two"})), answer()])
+    s = Stack(
+        tmp_path,
+        lambda run_id, body: next(replies),
+        stores=SimpleNamespace(open=lambda: PostgresStore(postgres_url)),
+    )
+    s.tools.gate = asyncio.Event()
+    try:
+        run = s.spawn("taken over")
+        await until(lambda: s.tools.in_flight == 1)
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE luftpause_leases SET owner = 'another runtime' WHERE run = %s", (run.handle,)
+            )
+        s.tools.gate.set()
+        await until(lambda: run.handle in s.runs.foreign, what="the run to be let go")
+        records = s.runs.journal.records()
+    finally:
+        await s.close()
+    assert s.tools.calls == [("lookup", {"query": "one"})]
+    assert [r["key"] for r in records if r["type"] == "sent"] == [f"{run.handle}/0/0"]
+    assert run.running, "let go, not ended: the runtime holding the lease drives it on"
 
 
 async def test_a_decision_journaled_before_a_restart_is_not_asked_again(tmp_path, stores):
