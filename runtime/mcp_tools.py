@@ -143,14 +143,10 @@ async def status(
 ) -> RunsResult:
     """Return runs as they stand now, without waiting: one run by its handle (with its parent and
     children), or, without a handle, your runs that are running or ended within the runtime's
-    retention window (two minutes by default). An older run is not listed, but its handle
-    still answers here and in await."""
+    retention window (two minutes by default), on any runtime sharing its store. An older run is
+    not listed, but its handle still answers here and in await."""
     who = runtime.who(ctx)
-    runs = (
-        await runtime.runs_for([handle], who)
-        if handle is not None
-        else [r for r in runtime.runs if who.may_see(r)]
-    )
+    runs = await runtime.runs_for([handle], who) if handle is not None else await runtime.listed(who)
     return RunsResult(runs=[view(r) for r in runs])
 
 

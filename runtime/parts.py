@@ -23,7 +23,7 @@ from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane
 from luftpause.runtime.metrics import RuntimeMetrics
-from luftpause.runtime.restore import evict, restore
+from luftpause.runtime.restore import evict, rebuild, restore
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import SpawnArguments
@@ -161,6 +161,20 @@ class Runtime:
     def who(self, ctx: Any) -> Who:
         """The identity of the request `ctx` belongs to (callers.py)."""
         return who_of(ctx, self.operator_token)
+
+    async def listed(self, who: Who) -> list[Run]:
+        """`who`'s runs that are running or ended within the retention window, in spawn order:
+        those this runtime holds, and with a shared store those other runtimes drive or ended,
+        read from the store as they stand (not kept: a list is asked for now and then)."""
+        here = [r for r in self.runs if who.may_see(r)]
+        if not self.journal.shared:
+            return here
+        since = time.time() - self.config.runtime.retention_s
+        held = {r.handle for r in self.runs}
+        stored = await asyncio.to_thread(self.journal.recent, since)
+        elsewhere = await asyncio.to_thread(self.journal.load, [h for h in stored if h not in held])
+        there = [r for r in map(rebuild, elsewhere) if r is not None and who.may_see(r)]
+        return sorted([*here, *there], key=lambda r: r.created_at)
 
     async def runs_for(self, handles: list[str], who: Who) -> list[Run]:
         """The runs with these handles (each once, in order), if `who` may see each; else

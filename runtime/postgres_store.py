@@ -362,6 +362,19 @@ class PostgresStore(RunStore):
     def replay(self, warn: bool = True) -> list[ReplayedRun]:
         return replay_records(self.records(), self.where, warn)
 
+    def recent(self, since: float) -> list[str]:
+        return self.read(
+            lambda conn: [
+                h
+                for (h,) in conn.execute(
+                    "SELECT s.run FROM luftpause_records s WHERE s.type = 'spawned' AND NOT EXISTS "
+                    "(SELECT 1 FROM luftpause_records f WHERE f.run = s.run AND f.type = 'finished' "
+                    "AND (f.record->>'at')::float8 < %s) ORDER BY s.seq",
+                    (since,),
+                )
+            ]
+        )
+
     def load(self, handles: list[str]) -> list[ReplayedRun]:
         if not handles:
             return []

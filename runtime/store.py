@@ -122,6 +122,12 @@ class RunStore(ABC):
         its own, every one."""
         return set(handles)
 
+    def recent(self, since: float) -> list[str]:
+        """Handles of the runs not archived that are running or ended at `since` (Unix time) or
+        later, in spawn order, whichever runtime drives them; a store of one runtime holds all of
+        its runs in memory and lists none here."""
+        return []
+
     def load(self, handles: list[str]) -> list[ReplayedRun]:
         """Runs not archived as the store has them now, for runs another runtime drives; a store
         of one runtime has none that it does not hold in memory."""

@@ -144,6 +144,7 @@ async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path
                 what="a tool round of every run",
             )
             shown = (await call(to_b, "status", handle=of_a[0]))["runs"]
+            listed = {r["handle"] for r in (await call(to_b, "status"))["runs"]}
             os.kill(a.proc.pid, signal.SIGKILL)
             killed = time.monotonic()
             a.proc.wait()
@@ -161,6 +162,7 @@ async def test_the_runtime_left_finishes_the_runs_of_one_killed_mid_run(tmp_path
               f"(lease_s = {LEASE_S:g}); {2 * RUNS_EACH} runs in all")  # fmt: skip
 
     assert [r["handle"] for r in shown] == [of_a[0]], "b answers status for a run a drives"
+    assert listed == set(handles), "b lists the caller's runs on both runtimes"
     assert awaited["timedOut"] is False
     assert [(r["status"], r["toolCalls"]) for r in awaited["runs"]] == [("finished", 3)] * len(handles)
     # Its last renewal was at most a third of the lease before the kill; the taker's round comes a
