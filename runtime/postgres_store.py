@@ -7,7 +7,7 @@ so a runtime restores the same runs from here as from runs.jsonl.
     luftpause_schema   (version)                          the schema's version, one row
     luftpause_records  (seq, key, run, type, record)      every record not archived, by seq
     luftpause_archive  (run, parent, ended_at, record)    archived runs, the first record a run
-    luftpause_leases   (run, owner, expires)              who drives each unfinished run (leases.py)
+    luftpause_leases   (run, owner, expires, caller)      who drives each unfinished run (leases.py)
     luftpause_tasks    (task, run, ..., closed_status)    MCP tasks (tasks.py), for every runtime
 
 The runtime creates the tables and migrates them itself at start (`MIGRATIONS`, applied in turn
@@ -113,6 +113,15 @@ MIGRATIONS: tuple[str, ...] = (
         closed_message text
     );
     CREATE INDEX luftpause_tasks_closed ON luftpause_tasks (updated_at) WHERE closed_status IS NOT NULL;
+    """,
+    # 4: each unfinished run's caller beside its lease, so that `[runtime] max_running_per_caller`
+    # counts the caller's runs on every runtime (`running_elsewhere`); the runs already leased
+    # take theirs from their spawn records.
+    """
+    ALTER TABLE luftpause_leases ADD COLUMN caller text;
+    UPDATE luftpause_leases l SET caller = r.record->>'caller'
+        FROM luftpause_records r WHERE r.run = l.run AND r.type = 'spawned';
+    CREATE INDEX luftpause_leases_caller ON luftpause_leases (caller, owner);
     """,
 )
 # Told "<record type> <handle>" when a run finishes or an approval is decided (leases.py listens).
@@ -277,10 +286,10 @@ class PostgresStore(RunStore):
                 cur.execute(FENCED_INSERT if fenced else INSERT, row)
                 if kind == "spawned":
                     cur.execute(
-                        "INSERT INTO luftpause_leases (run, owner, expires) "
-                        "VALUES (%(run)s, %(owner)s, now() + make_interval(secs => %(lease)s)) "
+                        "INSERT INTO luftpause_leases (run, owner, expires, caller) "
+                        "VALUES (%(run)s, %(owner)s, now() + make_interval(secs => %(lease)s), %(caller)s) "
                         "ON CONFLICT (run) DO NOTHING",
-                        {**row, "lease": self.lease_s},
+                        {**row, "lease": self.lease_s, "caller": r.get("caller")},
                     )
                 elif kind == "finished":
                     cur.execute("DELETE FROM luftpause_leases WHERE run = %s", (run,))
@@ -374,6 +383,26 @@ class PostgresStore(RunStore):
                 )
             ]
         )
+
+    def running_elsewhere(self, caller: str | None, at_most: int) -> int:
+        # A run is running from its spawn until its end, whoever drives it: its lease row lives
+        # as long (a dead runtime's runs count until another takes them and ends them).
+        # Two ranges of the (caller, owner) index, below and above this runtime's name, so that
+        # its own runs are not read at all; no further than `at_most`: the refusal needs no more.
+        match = "caller IS NULL" if caller is None else "caller = %(caller)s"
+
+        def count(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM luftpause_leases WHERE {match} "
+                "AND (owner < %(owner)s OR owner > %(owner)s) LIMIT %(at_most)s) theirs",
+                {"caller": caller, "owner": self.owner, "at_most": at_most},
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        try:
+            return self.read(count)
+        except JournalError as e:
+            raise JournalError(refused_spawn(str(e))) from None
 
     def load(self, handles: list[str]) -> list[ReplayedRun]:
         if not handles:

@@ -14,8 +14,9 @@ Cancelling a run cancels its running descendants, and a budget set on a run caps
 subtree (budgets.py): a spent budget cancels the subtree of the run that set it.
 
 Spawn is bounded: a run tree at most `[runtime] max_depth` runs deep (16 by default), and at most
-`[runtime] max_running_per_caller` runs running at once for one caller (256); past either, spawn
-is refused with a message naming the limit and its key.
+`[runtime] max_running_per_caller` runs running at once for one caller (256), counted on every
+runtime sharing the store; past either, spawn is refused with a message naming the limit and its
+key.
 """
 
 from __future__ import annotations
@@ -206,11 +207,17 @@ class Runs:
     # -- spawning -------------------------------------------------------------------------------
 
     def spawn(
-        self, spec: RunSpec, caller: str | None, owner: str | None = None, parent: Run | None = None
+        self,
+        spec: RunSpec,
+        caller: str | None,
+        owner: str | None = None,
+        parent: Run | None = None,
+        elsewhere: int = 0,
     ) -> Run:
         """Journals the run, then starts its loop; returns once the journal has it. `parent`: the
-        run `spec.parent` names, when the caller has looked it up already. The tree's depth is
-        checked by `spawn_durably`, which reads archived ancestors off the event loop."""
+        run `spec.parent` names, when the caller has looked it up already; `elsewhere`: the
+        caller's runs running on other runtimes sharing the store. The tree's depth and
+        `elsewhere` are read by `spawn_durably`, off the event loop."""
         if parent is None and spec.parent is not None:
             parent = self.get(spec.parent)
         if parent is not None:
@@ -221,9 +228,11 @@ class Runs:
                     "nothing more can be spawned under it"
                 )
         limit = self.settings.max_running_per_caller
-        if self._running[caller] >= limit:
+        running = self._running[caller] + elsewhere
+        if running >= limit:
+            where = f" ({elsewhere} of them on other runtimes sharing the run store)" if elsewhere else ""
             raise SpawnRefused(
-                f"caller {caller!r} has {self._running[caller]} runs running, the most one caller may "
+                f"caller {caller!r} has {running} runs running{where}, the most one caller may "
                 f"([runtime] max_running_per_caller = {limit}): await or cancel some of them before "
                 "spawning more, or raise max_running_per_caller in the config"
             )
@@ -283,7 +292,11 @@ class Runs:
         memory."""
         if parent is not None:
             await self._check_depth(parent)
-        run = self.spawn(spec, caller, owner, parent)
+        elsewhere = 0
+        if self.journal.shared:
+            limit = self.settings.max_running_per_caller
+            elsewhere = await asyncio.to_thread(self.journal.running_elsewhere, caller, limit)
+        run = self.spawn(spec, caller, owner, parent, elsewhere)
         try:
             await self.journal.durable_spawn()
         except JournalError as e:

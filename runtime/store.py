@@ -128,6 +128,12 @@ class RunStore(ABC):
         its runs in memory and lists none here."""
         return []
 
+    def running_elsewhere(self, caller: str | None, at_most: int) -> int:
+        """How many of `caller`'s runs are running on the other runtimes sharing the store, up to
+        `at_most` (what `[runtime] max_running_per_caller` counts beside this runtime's own); a
+        store of one runtime has no others. Blocking: call it off the event loop."""
+        return 0
+
     def load(self, handles: list[str]) -> list[ReplayedRun]:
         """Runs not archived as the store has them now, for runs another runtime drives; a store
         of one runtime has none that it does not hold in memory."""

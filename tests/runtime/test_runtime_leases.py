@@ -8,15 +8,17 @@ owner name, with its lease keeper (leases.py); the sub-agent loop is a script th
 import asyncio
 import time
 
+import psycopg
 import pytest
 from support import until
 
+from luftpause.config import RuntimeSettings
 from luftpause.runtime.approvals import ask_approval, decide_approval
 from luftpause.runtime.leases import Leases
 from luftpause.runtime.postgres_store import PostgresStore
 from luftpause.runtime.restore import restore
 from luftpause.runtime.run import Run
-from luftpause.runtime.runs import Runs
+from luftpause.runtime.runs import Runs, SpawnRefused
 from luftpause.runtime.spec import RunSpec
 
 
@@ -24,9 +26,9 @@ class Runtime:
     """A registry, its store and its lease keeper; its loops finish a run when the test says so,
     or wait for the approval of one tool call first (`ask`)."""
 
-    def __init__(self, url: str, owner: str, lease_s: float) -> None:
+    def __init__(self, url: str, owner: str, lease_s: float, settings: RuntimeSettings | None = None) -> None:
         self.store = PostgresStore(url, owner=owner, lease_s=lease_s)
-        self.runs = Runs(self.store, self.drive, self.on_end)
+        self.runs = Runs(self.store, self.drive, self.on_end, settings=settings)
         self.leases = Leases(self.runs, self.store)
         self.started: list[str] = []
         self.release: dict[str, asyncio.Event] = {}
@@ -46,8 +48,8 @@ class Runtime:
     async def on_end(self, handle: str) -> None:
         return None
 
-    async def spawn(self, task: str) -> Run:
-        return await self.runs.spawn_durably(RunSpec(task=task, model="m"), "caller")
+    async def spawn(self, task: str, caller: str = "caller") -> Run:
+        return await self.runs.spawn_durably(RunSpec(task=task, model="m"), caller)
 
     async def stop(self) -> None:
         await self.leases.stop()
@@ -169,3 +171,49 @@ async def test_a_run_that_ended_on_the_other_runtime_answers_there_and_here(pair
     await a.store.durable()
     (seen,) = await b.runs.find([run.handle])  # b never saw it running
     assert (seen.status, seen.result) == ("finished", "answer to ended far away")
+
+
+async def test_a_callers_running_runs_are_counted_on_every_runtime(postgres_url):
+    limits = RuntimeSettings(max_running_per_caller=3)
+    a, b = Runtime(postgres_url, "a", 60.0, limits), Runtime(postgres_url, "b", 60.0, limits)
+    try:
+        first, second = await a.spawn("one"), await a.spawn("two")
+        third = await b.spawn("three")
+        with pytest.raises(SpawnRefused) as refused:
+            await b.spawn("four")
+        assert str(refused.value).startswith(
+            "caller 'caller' has 3 runs running (2 of them on other runtimes sharing the run store), "
+            "the most one caller may ([runtime] max_running_per_caller = 3)"
+        )
+        with pytest.raises(SpawnRefused, match="has 3 runs running \\(1 of them on other runtimes"):
+            await a.spawn("four")
+        assert (await b.spawn("another caller's", caller="other")).running  # counted apart
+        # A run ending anywhere gives its caller's place back everywhere.
+        a.release[first.handle].set()
+        await until(lambda: not first.running, what="a to finish a run")
+        await a.store.durable()
+        fourth = await b.spawn("four")
+        assert fourth.running and second.running and third.running
+    finally:
+        for r in (a, b):
+            for event in r.release.values():
+                event.set()
+            await r.stop()
+
+
+def test_a_store_at_schema_3_counts_the_callers_of_the_runs_it_already_leased(postgres_url):
+    """Migration 4 gives each lease its run's caller, from the run's spawned record."""
+    store = PostgresStore(postgres_url, owner="old", lease_s=60.0)
+    store.spawned("r1", {"task": "t", "model": "m"}, "someone")
+    store.writer.flush()
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX luftpause_leases_caller")
+        conn.execute("ALTER TABLE luftpause_leases DROP COLUMN caller")
+        conn.execute("UPDATE luftpause_schema SET version = 3")
+    upgraded = PostgresStore(postgres_url, owner="new", lease_s=60.0)
+    try:
+        assert upgraded.running_elsewhere("someone", 10) == 1
+        assert upgraded.running_elsewhere("nobody", 10) == 0
+    finally:
+        upgraded.close()

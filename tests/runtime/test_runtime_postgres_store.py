@@ -107,7 +107,13 @@ async def test_while_the_database_is_down_spawn_is_refused_and_steps_wait_then_n
         runs = Runs(store, idle, no_end)
         running = await runs.spawn_durably(RunSpec(task="before", model="m"), None)
         server.stop()
-        # The writer has not met the outage yet: the spawn finds it, and is refused within seconds.
+        # A spawn first reads how many runs its caller has on other runtimes: that read finds the
+        # outage, and the spawn is refused before anything is queued.
+        with pytest.raises(JournalError, match=r"cannot be reached.*spawn is refused until it is back"):
+            await asyncio.wait_for(runs.spawn_durably(RunSpec(task="refused early", model="m"), None), 30)
+        # Had the database gone down just after that read, the spawn is queued; the writer has not
+        # met the outage yet: the spawn finds it, and is refused within seconds.
+        store.running_elsewhere = lambda caller, at_most: 0  # type: ignore[method-assign]
         with pytest.raises(JournalError, match=r"cannot be reached.*spawn is refused until it is back"):
             await asyncio.wait_for(runs.spawn_durably(RunSpec(task="during", model="m"), None), 30)
         runs.record_round(running, [{"role": "assistant", "content": "during"}])
