@@ -384,6 +384,16 @@ class PostgresStore(RunStore):
             ]
         )
 
+    def spawned_record(self, handle: str) -> dict[str, Any] | None:
+        return self._record(
+            "SELECT record FROM luftpause_records WHERE run = %s AND type = 'spawned'", handle
+        )
+
+    def _record(self, query: str, handle: str) -> dict[str, Any] | None:
+        """The one record `query` selects for the run `handle`, or None."""
+        row = self.read(lambda conn: conn.execute(query, (handle,)).fetchone())
+        return row[0] if row else None
+
     def running_elsewhere(self, caller: str | None, at_most: int) -> int:
         # A run is running from its spawn until its end, whoever drives it: its lease row lives
         # as long (a dead runtime's runs count until another takes them and ends them).
@@ -572,12 +582,7 @@ class PostgresStore(RunStore):
         self.read(insert)
 
     def archived(self, handle: str) -> dict[str, Any] | None:
-        row = self.read(
-            lambda conn: conn.execute(
-                "SELECT record FROM luftpause_archive WHERE run = %s", (handle,)
-            ).fetchone()
-        )
-        return row[0] if row else None
+        return self._record("SELECT record FROM luftpause_archive WHERE run = %s", handle)
 
     def archived_trees(self, handles: list[str]) -> dict[str, list[dict[str, Any]]]:
         if not handles:

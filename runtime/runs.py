@@ -32,6 +32,7 @@ from typing import Any
 from luftpause.config import RuntimeSettings
 from luftpause.runtime import spans
 from luftpause.runtime.approvals import Approval
+from luftpause.runtime.archive import parent_of
 from luftpause.runtime.budgets import spent_budget, tripped_above, tripped_kind
 from luftpause.runtime.journal import ReplayedRun, read_counters
 from luftpause.runtime.journal_writer import JournalError
@@ -260,8 +261,9 @@ class Runs:
             depth, run = depth + 1, run.parent
         above = run.spec.parent
         if depth < limit and above is not None and above != run.handle:
-            # Not linked in memory (an archived run, or one above it): the archive knows the rest.
-            depth = await asyncio.to_thread(self._archived_depth, above, depth, limit)
+            # Not linked in memory (an archived run, one above it, or with a shared store one
+            # another runtime drives): the store knows the rest.
+            depth = await asyncio.to_thread(self._stored_depth, above, depth, limit)
         if depth >= limit:
             raise SpawnRefused(
                 f"run {parent.handle} is {limit} runs deep (its root counting as one), and a run tree may "
@@ -269,15 +271,21 @@ class Runs:
                 "nearer the root, or raise max_depth in the config"
             )
 
-    def _archived_depth(self, handle: str, depth: int, limit: int) -> int:
-        """`depth` plus the archived runs from `handle` up to the root, counted at most to `limit`
-        (blocking: one archive line a run)."""
+    def _stored_depth(self, handle: str, depth: int, limit: int) -> int:
+        """`depth` plus the runs from `handle` up to the root that the store has (archived, or
+        with a shared store not yet archived), counted at most to `limit` (blocking: a read a run)."""
         while depth < limit:
             record = self.journal.archived(handle)
-            if record is None:
+            if record is not None:
+                above = from_archive(record).spec.parent
+            elif self.journal.shared:
+                spawned = self.journal.spawned_record(handle)
+                if spawned is None:
+                    break
+                above = parent_of(spawned)
+            else:
                 break
             depth += 1
-            above = from_archive(record).spec.parent
             if above is None or above == handle:
                 break
             handle = above

@@ -128,6 +128,11 @@ class RunStore(ABC):
         its runs in memory and lists none here."""
         return []
 
+    def spawned_record(self, handle: str) -> dict[str, Any] | None:
+        """The spawned record of a run not archived, whichever runtime drives it; a store of one
+        runtime holds every such run in memory and reads none here. Blocking."""
+        return None
+
     def running_elsewhere(self, caller: str | None, at_most: int) -> int:
         """How many of `caller`'s runs are running on the other runtimes sharing the store, up to
         `at_most` (what `[runtime] max_running_per_caller` counts beside this runtime's own); a

@@ -217,3 +217,30 @@ def test_a_store_at_schema_3_counts_the_callers_of_the_runs_it_already_leased(po
         assert upgraded.running_elsewhere("nobody", 10) == 0
     finally:
         upgraded.close()
+
+
+async def test_a_run_tree_spawned_across_both_runtimes_is_as_deep_as_max_depth_on_either(postgres_url):
+    limits = RuntimeSettings(max_depth=3)
+    a, b = Runtime(postgres_url, "a", 60.0, limits), Runtime(postgres_url, "b", 60.0, limits)
+
+    async def under(rt: Runtime, parent: Run, task: str) -> Run:
+        (shown,) = await rt.runs.find([parent.handle])
+        spec = RunSpec(task=task, model="m", parent=parent.handle)
+        return await rt.runs.spawn_durably(spec, "caller", parent=shown)
+
+    try:
+        root = await a.spawn("root")
+        child = await under(b, root, "child")  # b drives it; its parent is a's
+        grandchild = await under(a, child, "grandchild")  # a drives it; its parent is b's
+        for rt, parent in ((b, grandchild), (a, grandchild)):
+            with pytest.raises(SpawnRefused) as refused:
+                await under(rt, parent, "too deep")
+            assert str(refused.value).startswith(
+                f"run {grandchild.handle} is 3 runs deep (its root counting as one), and a run tree may "
+                "be at most 3 deep ([runtime] max_depth = 3)"
+            )
+    finally:
+        for r in (a, b):
+            for event in r.release.values():
+                event.set()
+            await r.stop()
