@@ -11,7 +11,9 @@ and those it has ended; a run driven by another runtime is read from the store w
 and shown (`foreign`) until it ends, and one whose lease was lost is let go.
 
 Cancelling a run cancels its running descendants, and a budget set on a run caps its whole
-subtree (budgets.py): a spent budget cancels the subtree of the run that set it.
+subtree (budgets.py): a spent budget cancels the subtree of the run that set it. A run whose
+parent another runtime drives is linked to the parent as shown (`foreign`): the parent's end,
+read from the store, cancels it there too, and the parent's budget caps it.
 
 Spawn is bounded: a run tree at most `[runtime] max_depth` runs deep (16 by default), and at most
 `[runtime] max_running_per_caller` runs running at once for one caller (256), counted on every
@@ -347,7 +349,9 @@ class Runs:
         if run.running:
             self._running[run.caller] += 1
         if run.spec.parent is not None:
-            parent = self._runs.get(run.spec.parent)
+            # A parent another runtime drives is linked as shown here (`foreign`): its end, read
+            # from the store, cancels this run (`_ended_elsewhere`), and its budget caps it.
+            parent = self._runs.get(run.spec.parent) or self.foreign.get(run.spec.parent)
             if parent is run:
                 # Only a damaged journal names a run its own parent; linking it would make its
                 # subtree endless.

@@ -57,6 +57,14 @@ class Runtime:
         self.store.close()
 
 
+async def under(rt: Runtime, parent: Run, task: str) -> Run:
+    """A run spawned on `rt` under `parent`, wherever that runs (as the spawn tool looks it up)."""
+    (shown,) = await rt.runs.find([parent.handle])
+    return await rt.runs.spawn_durably(
+        RunSpec(task=task, model="m", parent=parent.handle), "caller", parent=shown
+    )
+
+
 @pytest.fixture
 async def pair(postgres_url):
     """Runtimes a and b, with leases long enough that only a notification can wake a waiter in
@@ -223,11 +231,6 @@ async def test_a_run_tree_spawned_across_both_runtimes_is_as_deep_as_max_depth_o
     limits = RuntimeSettings(max_depth=3)
     a, b = Runtime(postgres_url, "a", 60.0, limits), Runtime(postgres_url, "b", 60.0, limits)
 
-    async def under(rt: Runtime, parent: Run, task: str) -> Run:
-        (shown,) = await rt.runs.find([parent.handle])
-        spec = RunSpec(task=task, model="m", parent=parent.handle)
-        return await rt.runs.spawn_durably(spec, "caller", parent=shown)
-
     try:
         root = await a.spawn("root")
         child = await under(b, root, "child")  # b drives it; its parent is a's
@@ -244,3 +247,32 @@ async def test_a_run_tree_spawned_across_both_runtimes_is_as_deep_as_max_depth_o
             for event in r.release.values():
                 event.set()
             await r.stop()
+
+
+async def test_a_tree_spawned_across_both_runtimes_is_cancelled_whole_from_either(pair):
+    a, b = pair
+    for canceller in (a, b):
+        root = await a.spawn("root")
+        here, there = await under(a, root, "child on a"), await under(b, root, "child on b")
+        await canceller.runs.cancel(root.handle)
+        tree = (root, here, there)
+        await until(lambda: not any(r.running for r in tree), timeout_s=10, what="the tree to be cancelled")  # noqa: B023
+        assert [r.status for r in tree] == ["cancelled"] * 3
+        # Cancelled where the cancel was asked, as a client's cancel; on the other runtime, as
+        # the child of a parent that ended.
+        near, far = (here, there) if canceller is a else (there, here)
+        assert near.error == "cancelled by the client"
+        assert far.error == f"its parent {root.handle} ended (cancelled)"
+
+
+async def test_a_budget_set_on_one_runtime_caps_the_runs_below_it_on_the_other(pair):
+    a, b = pair
+    root = await a.runs.spawn_durably(RunSpec(task="root", model="m", budgetToolCalls=1), "caller")
+    child = await under(b, root, "child")
+    assert b.runs.check_budgets(child, calling_tool=True), "the first call is within the root's budget"
+    child.counters["toolCalls"] += 1
+    assert not b.runs.check_budgets(child, calling_tool=True), "a second call would pass it"
+    assert child.status == "cancelled" and child.error == "budget exceeded: toolCalls 1/1"
+    # The whole tree is cancelled: the root too, on the runtime that drives it.
+    await until(lambda: not root.running, timeout_s=10, what="a's root to be cancelled by b's trip")
+    assert (root.status, root.error) == ("cancelled", "budget exceeded: toolCalls 1/1")
