@@ -100,6 +100,7 @@ class Leases:
         self._cut_off = False
         if taken:
             resumed = take_over(self.runs, await asyncio.to_thread(self.store.load, taken))
+            await self.runs.link_to_parents_elsewhere()
             log.warning(
                 "took over %d runs whose leases expired (their runtime stopped renewing them); %d resumed",
                 len(taken),

@@ -89,6 +89,7 @@ class Runtime:
             from luftpause.runtime.leases import Leases
 
             self.leases = Leases(self.runs, cast("PostgresStore", self.journal))
+            await self.runs.link_to_parents_elsewhere()
             self.leases.start()
         self.tasks.restore()
         # Each tenth of the shorter window, between 1 s and 10 minutes.

@@ -181,8 +181,40 @@ class Runs:
         self.foreign.pop(run.handle, None)
         if run.task is not None and run.task is not asyncio.current_task() and not run.task.done():
             run.task.cancel()
-        for child in run.children:
-            self._cancel_subtree(child, f"its parent {run.handle} ended ({run.status})")
+        for child in list(run.children):
+            self._ended_above(child, run)
+
+    async def link_to_parents_elsewhere(self) -> None:
+        """Links each running run whose parent another runtime drives to that parent as the store
+        has it, as a spawn under it does (`add`): after a restart or a takeover. A parent cancelled
+        meanwhile cancels it."""
+        orphans: dict[str, list[Run]] = collections.defaultdict(list)
+        for run in list(self._runs.values()):
+            above = run.spec.parent
+            if not run.running or above is None or above == run.handle:
+                continue
+            if run.parent is not None:
+                # Its parent's end was restored with it (another runtime's, read from the store).
+                self._ended_above(run, run.parent)
+            elif above not in self._runs:
+                orphans[above].append(run)
+        for handle, children in orphans.items():
+            try:
+                (parent,) = await self.find([handle])
+            except UnknownRun:
+                continue
+            for child in children:
+                if parent.running:
+                    child.parent = parent
+                    parent.children.append(child)
+                else:
+                    self._ended_above(child, parent)
+
+    def _ended_above(self, run: Run, parent: Run) -> None:
+        """Cancels `run`'s subtree when its parent, ended elsewhere, was cancelled: a cancel ends
+        the subtree, as on one runtime; a parent that finished or failed leaves it running."""
+        if parent.status == "cancelled":
+            self._cancel_subtree(run, f"its parent {parent.handle} ended (cancelled)")
 
     def let_go(self, handle: str) -> None:
         """This runtime's lease on a run it drives was lost (it could not renew it in time, and

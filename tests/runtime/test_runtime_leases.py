@@ -263,6 +263,13 @@ async def test_a_tree_spawned_across_both_runtimes_is_cancelled_whole_from_eithe
         near, far = (here, there) if canceller is a else (there, here)
         assert near.error == "cancelled by the client"
         assert far.error == f"its parent {root.handle} ended (cancelled)"
+    # A parent that finishes leaves its children running, on either runtime, as on one.
+    root = await a.spawn("root that finishes")
+    here, there = await under(a, root, "child on a"), await under(b, root, "child on b")
+    (shown,) = await b.runs.find([root.handle])
+    a.release[root.handle].set()
+    await until(lambda: not shown.running, timeout_s=10, what="b to read that the root finished")
+    assert (shown.status, here.running, there.running) == ("finished", True, True)
 
 
 async def test_a_budget_set_on_one_runtime_caps_the_runs_below_it_on_the_other(pair):
@@ -276,3 +283,39 @@ async def test_a_budget_set_on_one_runtime_caps_the_runs_below_it_on_the_other(p
     # The whole tree is cancelled: the root too, on the runtime that drives it.
     await until(lambda: not root.running, timeout_s=10, what="a's root to be cancelled by b's trip")
     assert (root.status, root.error) == ("cancelled", "budget exceeded: toolCalls 1/1")
+
+
+async def test_a_runtime_restarted_links_its_runs_to_their_parents_on_the_other(postgres_url):
+    a, b = Runtime(postgres_url, "a", 60.0), Runtime(postgres_url, "b", 60.0)
+    a.leases.start()
+    try:
+        cancelled_root, running_root = await a.spawn("cancelled while b is down"), await a.spawn("running")
+        orphaned = await under(b, cancelled_root, "child of the cancelled root")
+        kept = await under(b, running_root, "child of the running root")
+        await b.stop()  # as a crash leaves it: its leases still held
+        await a.runs.cancel(cancelled_root.handle)
+        again = Runtime(postgres_url, "b", 60.0)
+        try:
+            restore(again.runs)
+            await again.runs.link_to_parents_elsewhere()
+            again.leases.start()
+            (was_orphaned, was_kept) = await again.runs.find([orphaned.handle, kept.handle])
+            assert (was_orphaned.status, was_orphaned.error) == (
+                "cancelled",
+                f"its parent {cancelled_root.handle} ended (cancelled)",
+            )
+            assert was_kept.running and was_kept.parent is not None
+            # Linked: the running root's cancel, asked on a, reaches the child b drives now.
+            await a.runs.cancel(running_root.handle)
+            await until(
+                lambda: not was_kept.running, timeout_s=10, what="the restarted b's child to be cancelled"
+            )
+            assert was_kept.error == f"its parent {running_root.handle} ended (cancelled)"
+        finally:
+            for event in again.release.values():
+                event.set()
+            await again.stop()
+    finally:
+        for event in a.release.values():
+            event.set()
+        await a.stop()
