@@ -309,18 +309,12 @@ class Runs:
         """`depth` plus the runs from `handle` up to the root that the store has (archived, or
         with a shared store not yet archived), counted at most to `limit` (blocking: a read a run)."""
         while depth < limit:
-            record = self.journal.archived(handle)
-            if record is not None:
-                above = from_archive(record).spec.parent
-            elif self.journal.shared:
-                spawned = self.journal.spawned_record(handle)
-                if spawned is None:
-                    break
-                above = parent_of(spawned)
-            else:
+            record = self.journal.archived(handle) or self.journal.spawned_record(handle)
+            if record is None:
                 break
             depth += 1
-            if above is None or above == handle:
+            above = parent_of(record)
+            if above is None:
                 break
             handle = above
         return depth

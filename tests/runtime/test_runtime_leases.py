@@ -204,8 +204,6 @@ async def test_a_callers_running_runs_are_counted_on_every_runtime(postgres_url)
         assert fourth.running and second.running and third.running
     finally:
         for r in (a, b):
-            for event in r.release.values():
-                event.set()
             await r.stop()
 
 
@@ -244,8 +242,6 @@ async def test_a_run_tree_spawned_across_both_runtimes_is_as_deep_as_max_depth_o
             )
     finally:
         for r in (a, b):
-            for event in r.release.values():
-                event.set()
             await r.stop()
 
 
@@ -312,10 +308,6 @@ async def test_a_runtime_restarted_links_its_runs_to_their_parents_on_the_other(
             )
             assert was_kept.error == f"its parent {running_root.handle} ended (cancelled)"
         finally:
-            for event in again.release.values():
-                event.set()
             await again.stop()
     finally:
-        for event in a.release.values():
-            event.set()
         await a.stop()
