@@ -311,3 +311,24 @@ async def test_a_runtime_restarted_links_its_runs_to_their_parents_on_the_other(
             await again.stop()
     finally:
         await a.stop()
+
+
+async def test_a_runtime_that_takes_runs_over_links_them_to_their_parents_on_the_other(postgres_url):
+    a, b, c = (Runtime(postgres_url, owner, 60.0) for owner in "abc")
+    a.leases.start()
+    c.leases.start()
+    try:
+        root = await a.spawn("root on a")
+        child = await under(b, root, "child on b, taken over by c")
+        await b.runs.shutdown()
+        b.store.release()  # b stopped: c takes its runs at its next round
+        await c.leases.tick()  # that round, without waiting the 20 s for it
+        await until(lambda: c.started == [child.handle], what="c to resume b's run")
+        (taken,) = await c.runs.find([child.handle])
+        # Linked at the takeover: the root's cancel, asked on a, reaches the child c drives now.
+        await a.runs.cancel(root.handle)
+        await until(lambda: not taken.running, timeout_s=10, what="c's child to be cancelled with its root")
+        assert (taken.status, taken.error) == ("cancelled", f"its parent {root.handle} ended (cancelled)")
+    finally:
+        for r in (a, b, c):
+            await r.stop()
