@@ -19,7 +19,9 @@ The keeper here, every third of the lease:
   Not in the first round after the store could not be reached: an outage longer than `lease_s`
   lets every lease expire, and the runtimes driving those runs, cut off as well, renew them
   in their own first round back, so each keeps its runs instead of the quickest taking all;
-- reads again the runs it shows as driven elsewhere.
+- reads again the runs it shows as driven elsewhere, and links into each tree under a budget
+  the runs spawned in it on other runtimes (`Runs.link_children_elsewhere`), so that the budget
+  counts what they spent.
 
 Any runtime answers status, await, cancel and approve for any run: one it does not drive is read
 from the store (`Runs.find`). A cancel or an approval from a runtime that does not drive the run
@@ -108,6 +110,10 @@ class Leases:
             )
         shown = [h for h, r in self.runs.foreign.items() if r.running]
         await self.refresh([*lost, *shown])
+        try:
+            await self.runs.link_children_elsewhere()
+        except JournalError as e:
+            log.warning("reading the runs below budgets on other runtimes failed (%s); next round", e)
 
     async def refresh(self, handles: list[str]) -> None:
         """Reads these runs from the store again and tells the registry what changed."""

@@ -123,6 +123,12 @@ MIGRATIONS: tuple[str, ...] = (
         FROM luftpause_records r WHERE r.run = l.run AND r.type = 'spawned';
     CREATE INDEX luftpause_leases_caller ON luftpause_leases (caller, owner);
     """,
+    # 5: the runs spawned under a run, whichever runtime drives them (`children`), so that a
+    # budget counts what its subtree spends on every runtime; archived runs have their `parent`.
+    """
+    CREATE INDEX luftpause_records_parent ON luftpause_records ((record->'spec'->>'parent'))
+        WHERE type = 'spawned';
+    """,
 )
 # Told "<record type> <handle>" when a run finishes or an approval is decided (leases.py listens).
 CHANNEL = "luftpause_runs"
@@ -413,6 +419,22 @@ class PostgresStore(RunStore):
             return self.read(count)
         except JournalError as e:
             raise JournalError(refused_spawn(str(e))) from None
+
+    def children(self, parents: list[str]) -> list[tuple[str, str]]:
+        if not parents:
+            return []
+        return self.read(
+            lambda conn: [
+                (parent, child)
+                for parent, child in conn.execute(
+                    "SELECT record->'spec'->>'parent', run FROM luftpause_records "
+                    "WHERE type = 'spawned' AND record->'spec'->>'parent' = ANY(%(parents)s) "
+                    "UNION ALL SELECT parent, run FROM luftpause_archive WHERE parent = ANY(%(parents)s)",
+                    {"parents": parents},
+                )
+                if child != parent
+            ]
+        )
 
     def load(self, handles: list[str]) -> list[ReplayedRun]:
         if not handles:

@@ -13,7 +13,9 @@ and shown (`foreign`) until it ends, and one whose lease was lost is let go.
 Cancelling a run cancels its running descendants, and a budget set on a run caps its whole
 subtree (budgets.py): a spent budget cancels the subtree of the run that set it. A run whose
 parent another runtime drives is linked to the parent as shown (`foreign`): the parent's end,
-read from the store, cancels it there too, and the parent's budget caps it.
+read from the store, cancels it there too, and the parent's budget caps it; the runs another
+runtime spawned in a tree under a budget are linked into it as shown at each lease keeper's
+round (`link_children_elsewhere`), so the budget counts what they spent.
 
 Spawn is bounded: a run tree at most `[runtime] max_depth` runs deep (16 by default), and at most
 `[runtime] max_running_per_caller` runs running at once for one caller (256), counted on every
@@ -109,16 +111,24 @@ class Runs:
         archive in one go, off the event loop, and (with a shared store) those another runtime
         drives from the store. UnknownRun for the first handle nobody knows."""
         handles = list(dict.fromkeys(handles))
+        known = await self._known(handles)
+        for h in handles:
+            if h not in known:
+                raise UnknownRun(h)
+        return [known[h] for h in handles]
+
+    async def _known(self, handles: list[str]) -> dict[str, Run]:
+        """Of these handles, the runs known here, in the archive, or (with a shared store) driven
+        by another runtime, by handle."""
         missing = [h for h in handles if h not in self._runs and h not in self.foreign]
         archived, elsewhere = await asyncio.to_thread(self._stored, missing) if missing else ({}, [])
         shown = {run.handle: run for run in map(self._shown, elsewhere) if run is not None}
-        found = []
+        known = {}
         for h in handles:
             run = self._runs.get(h) or self.foreign.get(h) or archived.get(h) or shown.get(h)
-            if run is None:
-                raise UnknownRun(h)
-            found.append(run)
-        return found
+            if run is not None:
+                known[h] = run
+        return known
 
     def _stored(self, handles: list[str]) -> tuple[dict[str, Run], list[ReplayedRun]]:
         """Archived runs by handle, and the rest as the store has them (driven elsewhere)."""
@@ -209,6 +219,36 @@ class Runs:
                     parent.children.append(child)
                 else:
                     self._ended_above(child, parent)
+
+    async def link_children_elsewhere(self) -> None:
+        """Links into every run tree under a budget the runs spawned in it that another runtime
+        drives or drove (ended ones too: what they spent counts), as the store has them, down to
+        the last level: a budget counts its whole subtree on every runtime (budgets.py). The
+        lease keeper calls this each round (leases.py), so what runs elsewhere spent since the
+        last round is counted at the next; their end, or a trip here, cancels them as any run of
+        the tree. A store of one runtime holds every run here and finds none."""
+        if not self.journal.shared:
+            return
+        members: dict[str, Run] = {}
+        for owner in (*self._runs.values(), *self.foreign.values()):
+            if owner.spec.limits() and any(r.running for r in owner.subtree()):
+                members.update((r.handle, r) for r in owner.subtree())
+        parents = members
+        while parents:
+            pairs = await asyncio.to_thread(self.journal.children, list(parents))
+            unlinked: dict[str, Run] = {}
+            for above, handle in pairs:
+                parent = parents.get(above)
+                if parent is not None and handle not in members:
+                    unlinked.setdefault(handle, parent)
+            known = await self._known(list(unlinked))
+            parents = {}
+            for handle, run in known.items():
+                parent = unlinked[handle]
+                if run.parent is None and run is not parent:
+                    run.parent = parent
+                    parent.children.append(run)
+                    members[handle] = parents[handle] = run
 
     def _ended_above(self, run: Run, parent: Run) -> None:
         """Cancels `run`'s subtree when its parent, ended elsewhere, was cancelled: a cancel ends

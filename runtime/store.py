@@ -139,6 +139,12 @@ class RunStore(ABC):
         store of one runtime has no others. Blocking: call it off the event loop."""
         return 0
 
+    def children(self, parents: list[str]) -> list[tuple[str, str]]:
+        """(parent, child) for every run spawned under one of `parents`, running, ended or
+        archived, whichever runtime drives it (a budget counts what its whole subtree spent); a
+        store of one runtime holds every such run in memory and reads none here. Blocking."""
+        return []
+
     def load(self, handles: list[str]) -> list[ReplayedRun]:
         """Runs not archived as the store has them now, for runs another runtime drives; a store
         of one runtime has none that it does not hold in memory."""

@@ -208,19 +208,23 @@ async def test_a_callers_running_runs_are_counted_on_every_runtime(postgres_url)
 
 
 def test_a_store_at_schema_3_counts_the_callers_of_the_runs_it_already_leased(postgres_url):
-    """Migration 4 gives each lease its run's caller, from the run's spawned record."""
+    """Migration 4 gives each lease its run's caller, from the run's spawned record; migration 5
+    finds the runs spawned under a run."""
     store = PostgresStore(postgres_url, owner="old", lease_s=60.0)
     store.spawned("r1", {"task": "t", "model": "m"}, "someone")
+    store.spawned("r2", {"task": "t", "model": "m", "parent": "r1"}, "someone")
     store.writer.flush()
     store.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX luftpause_records_parent")
         conn.execute("DROP INDEX luftpause_leases_caller")
         conn.execute("ALTER TABLE luftpause_leases DROP COLUMN caller")
         conn.execute("UPDATE luftpause_schema SET version = 3")
     upgraded = PostgresStore(postgres_url, owner="new", lease_s=60.0)
     try:
-        assert upgraded.running_elsewhere("someone", 10) == 1
+        assert upgraded.running_elsewhere("someone", 10) == 2
         assert upgraded.running_elsewhere("nobody", 10) == 0
+        assert upgraded.children(["r1", "r2"]) == [("r1", "r2")]
     finally:
         upgraded.close()
 
@@ -279,6 +283,43 @@ async def test_a_budget_set_on_one_runtime_caps_the_runs_below_it_on_the_other(p
     # The whole tree is cancelled: the root too, on the runtime that drives it.
     await until(lambda: not root.running, timeout_s=10, what="a's root to be cancelled by b's trip")
     assert (root.status, root.error) == ("cancelled", "budget exceeded: toolCalls 1/1")
+
+
+async def test_a_budget_counts_what_its_runs_spent_on_the_other_runtime_ended_or_running(pair):
+    a, b = pair
+    root = await a.runs.spawn_durably(RunSpec(task="root", model="m", budgetTokens=1000), "caller")
+    ended, running = await under(b, root, "ended on b"), await under(b, root, "running on b")
+    grandchild = await under(b, running, "below it on b")
+    here = await under(a, root, "child on a")
+    ended.counters["promptTokens"] = 300
+    b.release[ended.handle].set()  # it finishes: its lease is gone, its spend stays
+    await until(lambda: not ended.running, what="b's first child to finish")
+    running.counters["promptTokens"] = 200
+    b.runs.record_turn(running, {"role": "assistant", "content": None, "tool_calls": []})
+    grandchild.counters["promptTokens"] = 100
+    b.runs.record_turn(grandchild, {"role": "assistant", "content": None, "tool_calls": []})
+    await b.store.durable()
+    await a.leases.tick()  # a's keeper round, without waiting 20 s for it
+    here.counters["promptTokens"] = 300
+    assert a.runs.check_budgets(here), "900 of 1000 tokens spent: the tree goes on"
+    here.counters["promptTokens"] = 500
+    assert not a.runs.check_budgets(here), "1100 of 1000 spent, 600 of them on b"
+    assert (here.status, here.error) == ("cancelled", "budget exceeded: tokens 1100/1000")
+    # The trip on a cancels the tree on b too.
+    await until(
+        lambda: not running.running and not grandchild.running, timeout_s=10, what="b's runs to be cancelled"
+    )
+    assert running.status == grandchild.status == "cancelled"
+    # b counts what a's runs below one of its own roots spent, alike.
+    other = await b.runs.spawn_durably(RunSpec(task="root on b", model="m", budgetToolCalls=2), "caller")
+    on_a, on_b = await under(a, other, "child on a"), await under(b, other, "child on b")
+    on_a.counters["toolCalls"] = 2
+    a.runs.record_turn(on_a, {"role": "assistant", "content": None, "tool_calls": []})
+    await a.store.durable()
+    assert b.runs.check_budgets(on_b, calling_tool=True), "b has not read a's calls yet"
+    await b.leases.tick()
+    assert not b.runs.check_budgets(on_b, calling_tool=True), "a third call would pass the limit"
+    assert on_b.error == "budget exceeded: toolCalls 2/2"
 
 
 async def test_a_runtime_restarted_links_its_runs_to_their_parents_on_the_other(postgres_url):
