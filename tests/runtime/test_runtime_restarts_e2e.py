@@ -47,9 +47,13 @@ async def test_every_sub_agent_finishes_across_a_kill_9_and_restart(tmp_path, vi
                 lambda: f"restarted {victim}" in log.read_text(), timeout_s=30, what="up to restart it"
             )
             awaited = await call(client, "await", handles=handles, timeout=150)
+        assert awaited["timedOut"] is False
+        assert [(r["status"], r.get("error")) for r in awaited["runs"]] == [("finished", None)] * RUNS
+        assert [r["toolCalls"] for r in awaited["runs"]] == [3] * RUNS
+    except BaseException:
+        # Failed once (6 December, [dataplane]) and not reproduced since: what up said goes with it.
+        print(f"--- the tail of {log} ---\n{log.read_text(errors='replace')[-12_000:]}")
+        raise
     finally:
-        assert stop_up(up) == 0
-
-    assert awaited["timedOut"] is False
-    assert [(r["status"], r.get("error")) for r in awaited["runs"]] == [("finished", None)] * RUNS
-    assert [r["toolCalls"] for r in awaited["runs"]] == [3] * RUNS
+        code = stop_up(up)
+        assert code == 0, f"up exited with {code}:\n{log.read_text(errors='replace')[-4000:]}"
