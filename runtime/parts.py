@@ -31,7 +31,7 @@ from luftpause.runtime.state_lock import StateLock
 from luftpause.runtime.store import open_store
 from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
-from luftpause.runtime.views import every_subtree_total, status_tree, summary
+from luftpause.runtime.views import status_runs
 
 if TYPE_CHECKING:
     from luftpause.runtime.leases import Leases
@@ -231,12 +231,10 @@ class Runtime:
         """GET /status: every run (flat, and as a tree with subtree totals), tool servers, tools."""
         tools, _ = self.tool_servers.catalog()
 
-        runs = list(self.runs)
-        totals = every_subtree_total(self.runs.roots())
-        summaries = {r.handle: summary(r, totals.get(r.handle)) for r in runs}
+        runs, tree = status_runs(list(self.runs))
         return {
-            "runs": list(summaries.values()),
-            "tree": status_tree(self.runs.roots(), summaries),
+            "runs": runs,
+            "tree": tree,
             "toolServers": [
                 {
                     "name": s.name,

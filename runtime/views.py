@@ -2,7 +2,8 @@
 
 `view` is a run as the tools return it (`RunView`, whose field descriptions the harness model
 reads in the tools' output schemas); `summary` is a run as the runtime's status document lists
-it, with its own work and its subtree's totals; `status_tree` is the run tree of GET /status.
+it, with its own work and its subtree's totals; `status_runs` lists them for GET /status, as a
+list and as the run tree (`status_tree`).
 
 Nothing here recurses: a run tree restored from a journal may be deeper than spawn allows now
 (`[runtime] max_depth`), and the operator's view must still render it.
@@ -77,15 +78,21 @@ def subtree_totals(run: Run) -> dict[str, float]:
     return _rounded(totals)
 
 
-def every_subtree_total(roots: list[Run]) -> dict[str, dict[str, float]]:
-    """`subtree_totals` of every run under `roots`, by handle, in one pass (children before their
-    parent), rather than one walk of its subtree per run: a chain n deep costs n, not n^2."""
+def _below(roots: list[Run]) -> list[Run]:
+    """Every run under `roots`, roots included, each after its parent."""
     order: list[Run] = []
     stack = list(roots)
     while stack:
         run = stack.pop()
         order.append(run)
         stack.extend(run.children)
+    return order
+
+
+def _totals(order: list[Run]) -> dict[str, dict[str, float]]:
+    """`subtree_totals` of every run of `order` (each after its parent), by handle, in one pass
+    (children before their parent), rather than one walk of its subtree per run: a chain n deep
+    costs n, not n^2."""
     totals: dict[str, dict[str, float]] = {}
     for run in reversed(order):
         sums = {**new_counters(), **run.counters}
@@ -101,6 +108,19 @@ def every_subtree_total(roots: list[Run]) -> dict[str, dict[str, float]]:
 # level is two levels of JSON (an object in a list): 64 keeps the document readable by parsers
 # that limit nesting (Python's json stops near 1,000 levels), whatever the tree's depth.
 TREE_NESTING = 64
+
+
+def status_runs(held: list[Run]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """GET /status's `runs` (those this runtime holds) and `tree`: their trees, each entry's root a
+    run held here whose parent is not (none, or one another runtime drives), with the runs of
+    another runtime linked into a tree shown in it as last read (a budget's, runs.py)."""
+    here = {r.handle for r in held}
+    roots = [r for r in held if r.parent is None or r.parent.handle not in here]
+    order = _below(roots)
+    totals = _totals(order)
+    summaries = {r.handle: summary(r, totals[r.handle]) for r in order}
+    runs = [summaries[r.handle] if r.handle in summaries else summary(r) for r in held]
+    return runs, status_tree(roots, summaries)
 
 
 def status_tree(roots: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from luftpause.runtime.restore import restore
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs, SpawnRefused
 from luftpause.runtime.spec import RunSpec
+from luftpause.runtime.views import status_runs
 
 
 class Runtime:
@@ -300,6 +301,19 @@ async def test_a_budget_counts_what_its_runs_spent_on_the_other_runtime_ended_or
     b.runs.record_turn(grandchild, {"role": "assistant", "content": None, "tool_calls": []})
     await b.store.durable()
     await a.leases.tick()  # a's keeper round, without waiting 20 s for it
+    # a's GET /status lists the runs a holds, and shows b's in the root's tree, with their spend.
+    runs, (tree,) = status_runs(list(a.runs))
+    assert {r["handle"] for r in runs} == {root.handle, here.handle}
+    assert tree["handle"] == root.handle and tree["subtree"]["promptTokens"] == 600
+    assert tree["budget"]["used"] == {"tokens": 600}
+    children = {c["handle"]: c for c in tree["children"]}
+    assert children.keys() == {ended.handle, running.handle, here.handle}
+    assert [c["handle"] for c in children[running.handle]["children"]] == [grandchild.handle]
+    # b's lists its runs, each tree from the first run of it that b holds, its parent named.
+    runs, entries = status_runs(list(b.runs))
+    assert sorted((e["handle"], e["parent"]) for e in entries) == sorted(
+        [(ended.handle, root.handle), (running.handle, root.handle)]
+    )
     here.counters["promptTokens"] = 300
     assert a.runs.check_budgets(here), "900 of 1000 tokens spent: the tree goes on"
     here.counters["promptTokens"] = 500
