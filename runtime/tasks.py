@@ -21,7 +21,9 @@ answer on any runtime: a task is read from the store when this runtime did not h
 its status comes from its run, wherever that runs; nothing is failed at a restart.
 
 A task still open when the runtime stops is failed on restart (its run resumes as usual, and
-await on the run's handle still answers); a torn last line is skipped with a warning.
+await on the run's handle still answers), unless its run had ended (the process stopped between
+the run's end and the task's `closed` record): then it closes as its run ended, as tasks/get had
+already answered. A torn last line is skipped with a warning.
 
 An ended task is kept for `[runtime] task_retention_s` (an hour by default; tasks/get says so as
 its `ttlMs`), then forgotten: at start, and by the runtime's eviction pass, which then rewrites
@@ -123,6 +125,13 @@ class UpdateTaskParams(TaskParams):
     inputResponses: dict[str, Any] = {}
 
 
+def closing(run: Run) -> tuple[str, str | None]:
+    """The terminal status and message of a task whose run has ended."""
+    if run.status == "cancelled":
+        return "cancelled", run.error
+    return "completed", None
+
+
 class Tasks:
     """Every task this runtime has handed out, and `tasks.jsonl` (or, with a store runtimes share,
     the store's tasks)."""
@@ -215,14 +224,22 @@ class Tasks:
         for task in self._tasks.values():
             if task.closed_status is None:
                 open_tasks.append(task)
+        failed = 0
         for task in open_tasks:
+            run = self._run_of(task.handle)
+            if run is not None and not run.running:
+                # Its run had ended, and tasks/get had said so; only the task's own closing
+                # record was lost with the process. It closes as its run ended.
+                self._close(task, *closing(run))
+                continue
             message = (
                 f"the runtime restarted while this task was open; its run {task.handle} goes on: "
                 "call await with that handle for its result"
             )
             self._close(task, "failed", message)
-        if open_tasks:
-            log.info("tasks: %d open tasks failed after the restart", len(open_tasks))
+            failed += 1
+        if failed:
+            log.info("tasks: %d open tasks failed after the restart", failed)
         try:
             self.trim()
         except (OSError, JournalError) as e:
@@ -244,12 +261,16 @@ class Tasks:
         watcher.add_done_callback(self._watchers.discard)
         return task
 
+    def _run_of(self, handle: str) -> Run | None:
+        """The task's run, in memory or archived (at start: the archive is read blocking)."""
+        try:
+            return self.runs.get(handle)
+        except UnknownRun:
+            return None
+
     async def _close_when_done(self, task: Task, run: Run) -> None:
         await run.done.wait()
-        if run.status == "cancelled":
-            self._close(task, "cancelled", run.error)
-        else:
-            self._close(task, "completed", None)
+        self._close(task, *closing(run))
 
     async def find(self, task_id: str) -> Task:
         """The task: one handed out here, or (with a shared store) one the store has, read off

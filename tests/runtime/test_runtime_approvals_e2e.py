@@ -293,9 +293,16 @@ async def test_a_tasks_client_gets_a_task_sees_input_required_and_answers_with_u
     assert done["status"] == "completed" and done["result"]["isError"] is False
     run = done["result"]["structuredContent"]
     assert run["status"] == "finished" and run["failedToolCalls"] == (0 if allow else 1)
-    tasks = [json.loads(line) for line in (runtime.state / "tasks.jsonl").read_text().splitlines()]
-    mine = [t for t in tasks if t["task"] == created.task_id]
+
+    # The task is closed in tasks.jsonl once its run's end is seen (after tasks/get answers from
+    # the run itself): wait for that record rather than read the file once.
+    def closed() -> list[dict[str, Any]] | None:
+        records = task_records(runtime.state, created.task_id)
+        return records if records and records[-1]["type"] == "closed" else None
+
+    mine = wait_until(closed, what="the task's closed record")
     assert [t["type"] for t in mine] == ["created", "closed"] and mine[0]["run"] == run["handle"]
+    assert mine[1]["status"] == "completed"
 
 
 async def test_a_tasks_client_can_cancel_and_others_get_run_as_one_call(runtime):
@@ -331,6 +338,45 @@ async def test_a_tasks_client_is_refused_bad_arguments_and_unknown_models_in_one
             "run", {"task": "hello", "model": "gpt-nope"}, allow_claimed=True
         )
         assert unknown.is_error and unknown.content[0].text.startswith("unknown model 'gpt-nope'")
+
+
+def task_records(state: Path, task_id: str) -> list[dict[str, Any]]:
+    """tasks.jsonl's records of one task, in order (a line still being written is left out)."""
+    lines = (state / "tasks.jsonl").read_text().splitlines()
+    return [r for r in (json.loads(line) for line in lines if line.endswith("}")) if r["task"] == task_id]
+
+
+async def test_a_task_whose_run_ended_just_before_a_crash_stays_completed_after_the_restart(
+    tmp_path,
+    backends,  # noqa: F811
+):
+    rt = RuntimeUnderTest(tmp_path, backends).start()
+    try:
+        async with Client(rt.url, extensions=[TasksClient()]) as client:
+            created = await client.session.call_tool(
+                "run",
+                {"task": task_planning(1, "ends before the crash"), "tools": ["lookup"], "maxTokens": SHORT},
+                allow_claimed=True,
+            )
+            done = await poll(client, created.task_id, {"completed", "failed", "cancelled"})
+        assert done["status"] == "completed"
+        wait_until(lambda: len(task_records(rt.state, created.task_id)) == 2, what="the closed record")
+        rt.service.kill()
+        # As a crash between the run's end and the task's closed record leaves the file.
+        path = rt.state / "tasks.jsonl"
+        path.write_text(
+            "".join(line + "\n" for line in path.read_text().splitlines() if '"closed"' not in line)
+        )
+        rt.start()
+        async with Client(rt.url, extensions=[TasksClient()]) as client:
+            again = await client.session.send_request(
+                GetTask(params=TaskIdParams(task_id=created.task_id)), ANY
+            )
+        assert again["status"] == "completed", again
+        assert again["result"]["structuredContent"]["handle"] == done["result"]["structuredContent"]["handle"]
+        assert [r["type"] for r in task_records(rt.state, created.task_id)] == ["created", "closed"]
+    finally:
+        rt.service.stop()
 
 
 async def test_an_open_task_is_failed_on_restart_while_its_run_resumes(tmp_path, backends):  # noqa: F811
