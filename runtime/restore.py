@@ -202,8 +202,7 @@ def from_archive(record: dict[str, Any], below: list[dict[str, Any]] | None = No
         parent = held.get(child.spec.parent or "")
         if parent is None or child.handle in held:
             continue
-        child.parent = parent
-        parent.children.append(child)
+        child.link_under(parent)
         held[child.handle] = child
     return run
 

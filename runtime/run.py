@@ -96,6 +96,11 @@ class Run:
     def pending_approval(self) -> Approval | None:
         return next(iter(self.approvals.values()), None)
 
+    def link_under(self, parent: Run) -> None:
+        """Makes this run a child of `parent`: both ends of the link at once."""
+        self.parent = parent
+        parent.children.append(self)
+
     def subtree(self) -> Iterator[Run]:
         """This run and every run below it."""
         stack = [self]

@@ -215,8 +215,7 @@ class Runs:
                 continue
             for child in children:
                 if parent.running:
-                    child.parent = parent
-                    parent.children.append(child)
+                    child.link_under(parent)
                 else:
                     self._ended_above(child, parent)
 
@@ -231,8 +230,9 @@ class Runs:
             return
         members: dict[str, Run] = {}
         for owner in (*self._runs.values(), *self.foreign.values()):
-            if owner.spec.limits() and any(r.running for r in owner.subtree()):
-                members.update((r.handle, r) for r in owner.subtree())
+            tree = list(owner.subtree()) if owner.spec.limits() else []
+            if any(r.running for r in tree):
+                members.update((r.handle, r) for r in tree)
         parents = members
         while parents:
             pairs = await asyncio.to_thread(self.journal.children, list(parents))
@@ -246,8 +246,7 @@ class Runs:
             for handle, run in known.items():
                 parent = unlinked[handle]
                 if run.parent is None and run is not parent:
-                    run.parent = parent
-                    parent.children.append(run)
+                    run.link_under(parent)
                     members[handle] = parents[handle] = run
 
     def _ended_above(self, run: Run, parent: Run) -> None:
@@ -423,8 +422,7 @@ class Runs:
                 # subtree endless.
                 log.warning("run %s names itself as its parent; it stands alone", run.handle)
             elif parent is not None:
-                run.parent = parent
-                parent.children.append(run)
+                run.link_under(parent)
         if run.spec.budgetSeconds is not None and run.running:
             timer = asyncio.create_task(self._seconds_timer(run), name=f"budget:{run.handle}")
             self._timers[run.handle] = timer

@@ -78,17 +78,6 @@ def subtree_totals(run: Run) -> dict[str, float]:
     return _rounded(totals)
 
 
-def _below(roots: list[Run]) -> list[Run]:
-    """Every run under `roots`, roots included, each after its parent."""
-    order: list[Run] = []
-    stack = list(roots)
-    while stack:
-        run = stack.pop()
-        order.append(run)
-        stack.extend(run.children)
-    return order
-
-
 def _totals(order: list[Run]) -> dict[str, dict[str, float]]:
     """`subtree_totals` of every run of `order` (each after its parent), by handle, in one pass
     (children before their parent), rather than one walk of its subtree per run: a chain n deep
@@ -116,7 +105,7 @@ def status_runs(held: list[Run]) -> tuple[list[dict[str, Any]], list[dict[str, A
     another runtime linked into a tree shown in it as last read (a budget's, runs.py)."""
     here = {r.handle for r in held}
     roots = [r for r in held if r.parent is None or r.parent.handle not in here]
-    order = _below(roots)
+    order = [r for root in roots for r in root.subtree()]
     totals = _totals(order)
     summaries = {r.handle: summary(r, totals[r.handle]) for r in order}
     runs = [summaries[r.handle] if r.handle in summaries else summary(r) for r in held]
