@@ -28,7 +28,7 @@ core (`core/`) keeps the records in its replicas and decides whether an ejection
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 # Failures in a row that eject a replica.
 CONSECUTIVE_FAILURES = 5
@@ -41,8 +41,7 @@ FAILURE_SHARE = 0.5
 MAX_MULTIPLIER = 10
 
 
-@dataclass(frozen=True, slots=True)
-class Outlier:
+class Outlier(NamedTuple):
     """What ejection knows of one replica: its recent outcomes and its ejections."""
 
     # Failures since its last success (or its return).
@@ -69,9 +68,8 @@ FRESH = Outlier()
 def turn_ended(record: Outlier, failed: bool, at: float) -> Outlier:
     """The record after one of the replica's turns ended at `at`, a failure of its own or a success."""
     if at - record.interval_at >= INTERVAL_S:
-        record = replace(record, interval_at=at, turns=0, failures=0)
-    return replace(
-        record,
+        record = record._replace(interval_at=at, turns=0, failures=0)
+    return record._replace(
         consecutive=record.consecutive + 1 if failed else 0,
         turns=record.turns + 1,
         failures=record.failures + (1 if failed else 0),
@@ -93,8 +91,7 @@ def eject(record: Outlier, at: float, base_s: float) -> Outlier:
     if record.back_at is not None and multiplier:
         multiplier = max(0, multiplier - int((at - record.back_at) // (MAX_MULTIPLIER * base_s)))
     multiplier = min(multiplier + 1, MAX_MULTIPLIER)
-    return replace(
-        record,
+    return record._replace(
         ejections=record.ejections + 1,
         multiplier=multiplier,
         ejected_until=at + multiplier * base_s,
@@ -105,4 +102,4 @@ def comes_back(record: Outlier, at: float) -> Outlier | None:
     """The record of a replica whose ejection is over by `at`, counts cleared; None if it is not."""
     if record.ejected_until is None or at < record.ejected_until:
         return None
-    return replace(record, consecutive=0, turns=0, failures=0, interval_at=at, ejected_until=None, back_at=at)
+    return record._replace(consecutive=0, turns=0, failures=0, interval_at=at, ejected_until=None, back_at=at)

@@ -9,8 +9,6 @@ not yet confirmed (`unconfirmed`, in the order they went out) and applies each o
 
 from __future__ import annotations
 
-import dataclasses
-
 from luftpause.scheduler import admission
 from luftpause.scheduler.core.tx import _INTERACTIVE, _bump, _Tx
 from luftpause.scheduler.ordered import EMPTY
@@ -47,7 +45,7 @@ def _confirm(tx: _Tx, turn: Turn) -> None:
     _set_unconfirmed(tx, turn, False)
     if replica.others_waiting and (replica.read_at is None or turn.placed_at > replica.read_at):
         # Sent after the reading and started: whatever queued ahead of it then has started too.
-        tx.replicas = tx.replicas.set(replica.name, dataclasses.replace(replica, others_waiting=0))
+        tx.replicas = tx.replicas.set(replica.name, replica._replace(others_waiting=0))
 
 
 def _confirm_next(tx: _Tx, replica: str) -> None:
@@ -87,8 +85,6 @@ def _confirm_by_reading(tx: _Tx, name: str, sent_at: float) -> None:
     keep = admission.still_waiting(len(sent), replica.waiting)
     others = admission.others_waiting(len(sent), replica.waiting)
     if others != replica.others_waiting or replica.read_at != sent_at:
-        tx.replicas = tx.replicas.set(
-            name, dataclasses.replace(replica, others_waiting=others, read_at=sent_at)
-        )
+        tx.replicas = tx.replicas.set(name, replica._replace(others_waiting=others, read_at=sent_at))
     for turn in sent[: len(sent) - keep]:
         _confirm(tx, turn)

@@ -4,8 +4,6 @@ ejecting its replica (outliers.py), and a router's load summed from its engines'
 
 from __future__ import annotations
 
-import dataclasses
-
 from immutables import Map
 
 from luftpause.errors import no_replica_serves
@@ -89,8 +87,7 @@ def _replica(spec: ReplicaSpec, old: Replica | None) -> Replica:
     )
     if old is not None:
         # A replica that stays in the pool keeps what its probes said.
-        fresh = dataclasses.replace(
-            fresh,
+        fresh = fresh._replace(
             healthy=old.healthy,
             probed=old.probed,
             running=old.running,
@@ -113,23 +110,22 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
     tx.may_place = True
     if replica.load_from:
         # A router's own reading is not its engines' load: only its health counts.
-        replica = dataclasses.replace(replica, healthy=e.healthy, probed=True)
+        replica = replica._replace(healthy=e.healthy, probed=True)
     else:
         # A probe that could not read the load leaves the last reading standing: forgetting it
         # would uncap a queueing engine because of one lost /metrics answer.
-        replica = dataclasses.replace(
-            replica,
+        replica = replica._replace(
             healthy=e.healthy,
             probed=True,
             running=e.running if e.running is not None else replica.running,
             waiting=e.waiting if e.waiting is not None else replica.waiting,
         )
     if e.kv_tokens is not None and e.kv_tokens > 0 and not replica.kv_configured:
-        replica = dataclasses.replace(replica, kv_tokens=e.kv_tokens)
+        replica = replica._replace(kv_tokens=e.kv_tokens)
     if e.kv_slots is not None and e.kv_slots > 0 and not replica.slots_configured:
-        replica = dataclasses.replace(replica, kv_slots=e.kv_slots)
+        replica = replica._replace(kv_slots=e.kv_slots)
     if e.prompt_tokens is not None and e.cached_tokens is not None:
-        replica = dataclasses.replace(replica, prompt_tokens=e.prompt_tokens, cached_tokens=e.cached_tokens)
+        replica = replica._replace(prompt_tokens=e.prompt_tokens, cached_tokens=e.cached_tokens)
     tx.replicas = tx.replicas.set(e.name, replica)
     sent_at = e.sent_at if e.sent_at is not None else e.at
     if replica.load_from:
@@ -154,7 +150,7 @@ def _count_outcome(tx: _Tx, turn: Turn, failed: bool) -> None:
         record = outliers.eject(record, tx.now, replica.ejection_base_s)
         # The runs pinned there may go elsewhere now (`_choose`).
         tx.may_place = True
-    tx.replicas = tx.replicas.set(replica.name, dataclasses.replace(replica, outlier=record))
+    tx.replicas = tx.replicas.set(replica.name, replica._replace(outlier=record))
 
 
 def _others_serve(tx: _Tx, replica: Replica) -> bool:
@@ -172,7 +168,7 @@ def _refresh_router(tx: _Tx, name: str) -> None:
     engines = [tx.replicas[n] for n in router.load_from if n in tx.replicas]
     running = [r.running for r in engines if r.running is not None]
     waiting = [r.waiting for r in engines if r.waiting is not None]
-    router = dataclasses.replace(
-        router, running=sum(running) if running else None, waiting=sum(waiting) if waiting else None
+    router = router._replace(
+        running=sum(running) if running else None, waiting=sum(waiting) if waiting else None
     )
     tx.replicas = tx.replicas.set(name, router)

@@ -5,8 +5,6 @@ expires placed turns never reported and forgets quiet runs.
 
 from __future__ import annotations
 
-import dataclasses
-
 from luftpause import lifecycle
 from luftpause.scheduler import gate, outliers
 from luftpause.scheduler.actions import Action, Place, Refuse, RunForgotten, TurnExpired
@@ -142,7 +140,7 @@ def _tick(tx: _Tx, e: Tick, actions: list[Action]) -> None:
             back = outliers.comes_back(replica.outlier, tx.now)
             if back is not None:
                 # In service again if its probes say so; the drain tries it at once.
-                tx.replicas = tx.replicas.set(name, dataclasses.replace(replica, outlier=back))
+                tx.replicas = tx.replicas.set(name, replica._replace(outlier=back))
                 tx.may_place = True
     # Both indexes are oldest first: each loop stops at the first entry not yet due.
     while tx.placed_order:

@@ -154,8 +154,6 @@ def test_the_engines_prompt_cache_counters_change_no_decision():
     last = {e.name: (e.prompt_tokens, e.cached_tokens) for e in probes}
     assert {n: (r.prompt_tokens, r.cached_tokens) for n, r in state.replicas.items() if n in last} == last
     assert all(r.prompt_tokens is None for r in bare_state.replicas.values())
-    unshown = {
-        n: dataclasses.replace(r, prompt_tokens=None, cached_tokens=None) for n, r in state.replicas.items()
-    }
+    unshown = {n: r._replace(prompt_tokens=None, cached_tokens=None) for n, r in state.replicas.items()}
     assert state._replace(replicas=bare_state.replicas) == bare_state
     assert unshown == dict(bare_state.replicas)
