@@ -8,9 +8,11 @@ The scheduler's prober reads these exactly as it reads a real engine's, so the n
 - vllm: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
   (gauges), `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
   `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, and the info gauge
-  `vllm:cache_config_info`, whose `num_gpu_blocks` times `block_size` is the KV pool's size.
+  `vllm:cache_config_info`, whose `num_gpu_blocks` times `block_size` is the KV pool's size and
+  whose `kv_offloading_size` says its host tier in GiB ("None" without one).
 
-(SGLang states its pool's size in `GET /get_server_info` instead: `server.py`.)
+(SGLang states its pool's size and whether it keeps a host tier, `enable_hierarchical_cache`,
+in `GET /get_server_info` instead: `server.py`.)
 
 Each app gets its own registry so that several engines can live in one process (as in tests).
 """
@@ -28,6 +30,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FLAVOURS = ("sglang", "vllm")
 # vLLM's default KV block: the pool is stated in blocks of this many tokens.
 VLLM_BLOCK_SIZE = 16
+# KV bytes a token, to state a host tier of `host_cache_tokens` in GiB as vLLM does: Llama-3.2-1B's
+# 32 KiB in BF16, the model the engine's calibration stands for (params.py).
+VLLM_KV_BYTES_PER_TOKEN = 32 * 1024
 
 
 class EngineCollector:
@@ -100,12 +105,18 @@ class EngineCollector:
             "cache_dtype": "auto",
             "enable_prefix_caching": "True",
             "num_gpu_blocks": str(self._engine.params.kv_pool_tokens // VLLM_BLOCK_SIZE),
+            "kv_offloading_size": _gib(self._engine.params.host_cache_tokens * VLLM_KV_BYTES_PER_TOKEN),
         }
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(labels)
         )
         info.add_metric(list(labels.values()), 1.0)
         return info
+
+
+def _gib(size_bytes: int) -> str:
+    """A size as vLLM's config writes it, in GiB: "None" for none."""
+    return str(size_bytes / 2**30) if size_bytes > 0 else "None"
 
 
 def metrics_registry(engine: RealtimeEngine, model: str, flavour: str = "sglang") -> CollectorRegistry:

@@ -4,9 +4,9 @@ Routes: `POST /v1/chat/completions` (JSON or SSE), `POST /classify` and `/v1/cla
 single-pass shape), `GET /v1/models`, `GET /health`, `GET /metrics` (SGLang's or vLLM's names,
 per instance), and what the SGLang router asks of a worker: `GET /server_info`, `GET /model_info`
 (also under their older `/get_` names) and `GET /get_load`; the scheduler's prober reads the KV
-pool's size from `/get_server_info` as from SGLang's (`max_total_num_tokens`). Every chat
-response object carries the replica name as `system_fingerprint`, which is how tests and
-benchmarks see which replica served a turn. What the engine says comes from `replies`, how long
+pool's size and its host tier from `/get_server_info` as from SGLang's (`max_total_num_tokens`,
+`enable_hierarchical_cache`). Every chat response object carries the replica name as
+`system_fingerprint`, which is how tests and benchmarks see which replica served a turn. What the engine says comes from `replies`, how long
 it takes from the engine model (`engine`, driven by `realtime`); this module only translates. A
 stream sends `chunk_tokens` tokens per chunk, so that a flood of streams measures the scheduler
 rather than our own JSON encoding.
@@ -121,6 +121,9 @@ def create_app(
         # pool the same way (half the pool's tokens, at most 4096), and routers expect a number.
         "max_running_requests": params.slots or min(params.kv_pool_tokens // 2, 4096),
         "max_total_num_tokens": params.kv_pool_tokens,
+        # SGLang's server arguments are in the same document; this one says whether its host tier
+        # (HiCache, `--enable-hierarchical-cache`) is on.
+        "enable_hierarchical_cache": params.host_cache_tokens > 0,
         "version": "luftpause-fake-engine",
     }
     for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):

@@ -104,8 +104,9 @@ class Replica(_Strict):
     # Whether this engine keeps prefixes evicted from its KV in host memory and brings them back
     # (llama.cpp's `--cache-ram`, on by default there; SGLang's HiCache; vLLM's CPU offload). A
     # paused run's prefix then survives without being held, so the gate holds no runs here and
-    # only the classes order the turns. No engine says so in its API; unset, it is on for a
-    # llama.cpp replica and off for the others: set it false for `llama-server --cache-ram 0`.
+    # only the classes order the turns. Unset, SGLang's and vLLM's probes say it (prober.py) and
+    # it is on for a llama.cpp replica, which does not: set it false for `llama-server
+    # --cache-ram 0`. Set, the engine's word never overrides it.
     host_cache: bool | None = None
     # How long this replica is first taken out of rotation when its turns keep failing (5 in a
     # row, or half of 20 or more within 10 s, its own fault: unreachable, broken off, not a reply,

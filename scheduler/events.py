@@ -38,8 +38,11 @@ class ReplicaSpec:
     gate_min_runs: int = defaults.GATE_MIN_RUNS
     # Slots its engine keeps KV apart in, as configured (`kv_slots`); None: as its probes read it.
     kv_slots: int | None = None
-    # Whether its engine keeps evicted prefixes in host memory (`Replica.keeps_host_cache`).
+    # Whether its engine keeps evicted prefixes in host memory (`Replica.keeps_host_cache`), and
+    # whether the config said so (`host_cache_configured`: probes do not change it) or that is the
+    # engine family's default until its probes say (SGLang's and vLLM's, prober.py).
     host_cache: bool = False
+    host_cache_configured: bool = False
     # How long its first ejection lasts when its turns keep failing (outliers.py).
     ejection_base_s: float = defaults.OUTLIER_EJECTION_BASE_S
 
@@ -57,6 +60,7 @@ class ReplicaSpec:
             gate_min_runs=replica.gate_min_runs,
             kv_slots=replica.kv_slots,
             host_cache=replica.keeps_host_cache(),
+            host_cache_configured=replica.host_cache is not None,
             ejection_base_s=replica.ejection_base_s,
         )
 
@@ -94,6 +98,9 @@ class ReplicaProbed:
     # Requests the engine keeps KV for apart, one a slot (llama.cpp's total_slots); None: not
     # read, or an engine with one shared pool.
     kv_slots: int | None = None
+    # Whether the engine keeps a host tier behind its KV (SGLang's HiCache, vLLM's KV offloading);
+    # None: not read by this probe, or not said.
+    host_cache: bool | None = None
     # The engine's prompt-cache counters since it started (prober.CACHE_METRICS): the prompt
     # tokens it took, cached ones included, and of those the ones its prefix cache gave back;
     # None, both: not on this probe's /metrics page. Shown only; no decision reads them.

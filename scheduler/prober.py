@@ -21,6 +21,15 @@ slots, one a request it keeps KV for (the length of the /slots list, or /props' 
 where /slots is off). A replica whose config sets `kv_tokens`, or `kv_slots`, is not asked for
 that one: the config wins (`reads_kv_tokens`, `reads_kv_slots`). An answer that does not say it
 gives no reading (None), never an error: the last reading stands.
+
+Whether the engine keeps prefixes evicted from its KV in host memory (a host tier: the gate then
+holds no runs there, gate.py) is read from the same answers where the engine says it: SGLang's
+/get_server_info carries its server arguments, `enable_hierarchical_cache` (HiCache) among them;
+vLLM's cache config gauge has a `kv_offloading_size` label, "None" unless its native CPU offload
+or LMCache backend is on (`--kv-offloading-size`). A replica whose config sets `host_cache` is
+not asked (`reads_host_cache`). llama.cpp says nothing of its `--cache-ram`, and an offload that
+vLLM is given through `--kv-transfer-config` alone is not in its cache config: for those, the
+config's `host_cache` is the only word.
 """
 
 from __future__ import annotations
@@ -161,6 +170,37 @@ def parse_vllm_kv_tokens(text: str) -> int | None:
     return total or None
 
 
+def parse_vllm_host_cache(text: str) -> bool | None:
+    """Whether vLLM offloads its KV to host memory, from its /metrics page: the cache config
+    gauge's `kv_offloading_size` label, which says "None" while offloading is off and the buffer's
+    size in GiB when it is on; None where no label says it (a vLLM older than the option)."""
+    said: bool | None = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith(VLLM_CACHE_INFO + "{"):
+            continue
+        size = dict(_LABEL.findall(line[len(VLLM_CACHE_INFO) + 1 : line.rfind("}")])).get(
+            "kv_offloading_size"
+        )
+        if size is None:
+            continue
+        try:
+            on = float(size) > 0
+        except ValueError:
+            on = False  # "None": not set
+        said = on or bool(said)
+    return said
+
+
+def sglang_host_cache(info: Any) -> bool | None:
+    """Whether SGLang keeps a host tier (HiCache), from its /get_server_info document: the server
+    argument `enable_hierarchical_cache`; None where the document does not carry it."""
+    if not isinstance(info, dict):
+        return None
+    on = info.get("enable_hierarchical_cache")
+    return on if isinstance(on, bool) else None
+
+
 def sglang_kv_tokens(info: Any) -> int | None:
     """SGLang's KV capacity from its /get_server_info document: `max_total_num_tokens`.
 
@@ -234,10 +274,19 @@ def reads_kv_slots(replica: config.Replica) -> bool:
     return replica.metrics == "llamacpp" and not replica.load_from and replica.kv_slots is None
 
 
+def reads_host_cache(replica: config.Replica) -> bool:
+    """Whether the probes read if the replica's engine keeps a host tier: an engine that states it
+    (SGLang in its server info, vLLM on its /metrics), not a router, and not set in the config
+    (`host_cache`: the config wins)."""
+    return replica.metrics in ("sglang", "vllm") and not replica.load_from and replica.host_cache is None
+
+
 def reads_kv_apart(replica: config.Replica) -> bool:
-    """Whether reading the replica's KV (capacity or slots) costs a request of its own (SGLang,
-    llama.cpp) rather than coming with its /metrics (vLLM) or not being read at all."""
-    return (reads_kv_tokens(replica) and replica.metrics != "vllm") or reads_kv_slots(replica)
+    """Whether reading the replica's KV (capacity, slots, host tier) costs a request of its own
+    (SGLang, llama.cpp) rather than coming with its /metrics (vLLM) or not being read at all."""
+    if replica.metrics == "vllm":
+        return False
+    return reads_kv_tokens(replica) or reads_kv_slots(replica) or reads_host_cache(replica)
 
 
 class KvReadTimer:
@@ -275,16 +324,20 @@ async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]
 
 async def read_kv_apart(
     client: httpx.AsyncClient, replica: config.Replica, headers: dict[str, str], timeout_s: float
-) -> tuple[int | None, int | None]:
-    """(KV capacity in tokens, KV slots) that an SGLang or llama.cpp replica states, by requests of
-    their own, each only where the probes read it (`reads_kv_tokens`, `reads_kv_slots`); None for
-    one not read or not said (an older engine, an endpoint turned off, an answer of another shape)."""
+) -> tuple[int | None, int | None, bool | None]:
+    """(KV capacity in tokens, KV slots, host tier) that an SGLang or llama.cpp replica states, by
+    requests of their own, each only where the probes read it (`reads_kv_tokens`,
+    `reads_kv_slots`, `reads_host_cache`); None for one not read or not said (an older engine, an
+    endpoint turned off, an answer of another shape)."""
     base = replica.url.rstrip("/")
     want_kv, want_slots = reads_kv_tokens(replica), reads_kv_slots(replica)
     kv: int | None = None
     slots: int | None = None
-    if replica.metrics == "sglang" and want_kv:
-        kv = sglang_kv_tokens(await _get_json(client, base + "/get_server_info", headers, timeout_s))
+    host: bool | None = None
+    if replica.metrics == "sglang" and (want_kv or reads_host_cache(replica)):
+        info = await _get_json(client, base + "/get_server_info", headers, timeout_s)
+        kv = sglang_kv_tokens(info) if want_kv else None
+        host = sglang_host_cache(info) if reads_host_cache(replica) else None
     elif replica.metrics == "llamacpp" and (want_kv or want_slots):
         # /slots answers 501 on a server started with --no-slots; /props says as much, per slot.
         listed = await _get_json(client, base + "/slots", headers, timeout_s)
@@ -298,7 +351,7 @@ async def read_kv_apart(
                 slots = llamacpp_props_slot_count(props)
     if (want_kv and kv is None) or (want_slots and slots is None):
         log.debug("replica %s: no KV capacity or slots in its answer (%s)", replica.name, replica.metrics)
-    return kv, slots
+    return kv, slots, host
 
 
 def _headers(replica: config.Replica) -> dict[str, str]:
@@ -315,8 +368,9 @@ async def probe(
 ) -> ReplicaProbed:
     """One probe of one replica; never raises for anything the replica does.
 
-    `read_kv`: also ask a healthy SGLang or llama.cpp replica for its KV capacity, and a
-    llama.cpp one for its slots (a vLLM one says its capacity on every /metrics page anyway).
+    `read_kv`: also ask a healthy SGLang or llama.cpp replica for its KV capacity, an SGLang one
+    whether it keeps a host tier, and a llama.cpp one for its slots (a vLLM one says its capacity
+    and its offloading on every /metrics page anyway).
     """
     base = replica.url.rstrip("/")
     headers = _headers(replica)
@@ -332,6 +386,7 @@ async def probe(
     sent_at: float | None = None
     kv: int | None = None
     slots: int | None = None
+    host: bool | None = None
     if healthy and replica.metrics != "none" and not replica.load_from:
         sent_at = clock()
         try:
@@ -341,12 +396,14 @@ async def probe(
                 cache = parse_prompt_cache(answer.text, replica.metrics)
                 if replica.metrics == "vllm" and reads_kv_tokens(replica):
                     kv = parse_vllm_kv_tokens(answer.text)
+                if replica.metrics == "vllm" and reads_host_cache(replica):
+                    host = parse_vllm_host_cache(answer.text)
         except httpx.HTTPError:
             load = None
         if load is None:
             log.debug("replica %s: no load in its /metrics (%s names)", replica.name, replica.metrics)
     if healthy and read_kv and reads_kv_apart(replica):
-        kv, slots = await read_kv_apart(client, replica, headers, timeout_s)
+        kv, slots, host = await read_kv_apart(client, replica, headers, timeout_s)
     running, waiting = load if load is not None else (None, None)
     prompt, cached = cache if cache is not None else (None, None)
     # When the load was asked for: a turn placed after that cannot be in the reading.
@@ -359,6 +416,7 @@ async def probe(
         sent_at if load is not None else None,
         kv_tokens=kv,
         kv_slots=slots,
+        host_cache=host,
         prompt_tokens=prompt,
         cached_tokens=cached,
     )

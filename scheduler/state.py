@@ -91,7 +91,10 @@ class Replica(NamedTuple):
     kv_slots: int | None = None
     slots_configured: bool = False
     # Whether its engine keeps evicted prefixes in host memory: the gate then holds no runs here.
+    # Where that was said (`host_cache_source`): "config", "engine" (its probes read it), or
+    # "default" (the engine family's, until a probe says: llama.cpp on, the others off).
     host_cache: bool = False
+    host_cache_source: str = "default"
     # Its engine's prompt-cache counters as last read (ReplicaProbed): prompt tokens taken since
     # it started, and of those the ones its prefix cache gave back; None: never read. Shown in
     # /status and the scheduler's /metrics; no decision reads them.

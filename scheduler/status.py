@@ -261,7 +261,10 @@ def _replica_document(
         # "slots", "tokens", or "off: <why>" (gate.mode); slots as the engine or config says.
         "gate": gate.mode(r),
         "kv_slots": r.kv_slots,
+        # Whether its engine keeps a host tier, and who said so: "config", "engine" (its probes
+        # read it) or "default" (the engine family's: llama.cpp on, the others off).
         "host_cache": r.host_cache,
+        "host_cache_source": r.host_cache_source,
         "kv_capacity": gate.capacity(r),
         "held_runs": state.held_runs.get(r.name, 0),
         "held_kv_tokens": state.held_kv.get(r.name, 0),

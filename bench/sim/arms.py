@@ -16,12 +16,12 @@
 - `sglang-sticky`: the router's sticky sessions (manual policy, routing key = run id): a key's
   first request goes to the worker with the fewest requests in flight, the rest follow it.
 - `luftpause`: the scheduler's own `decide`, fed what the dataplane, the prober and the clock
-  would feed it: the pool, a probe of each replica's engine load (and its KV pool, as SGLang's
-  /get_server_info says it) every 2 s, a tick every 1 s, each turn's arrival (with its body's
+  would feed it: the pool, a probe of each replica's engine load (and its KV pool and host
+  tier, as SGLang's /get_server_info says them) every 2 s, a tick every 1 s, each turn's arrival (with its body's
   size and max_tokens), start, first token and completion (with its usage and tool-call ids),
   and the end of each run. A held turn waits until an action places it. Its replicas are
   configured as their engines run: on slot engines (llama.cpp) with `kv_slots` their slots and
-  `host_cache` whether they keep a host tier, and engines with no priority queue are sent no
+  `host_cache` whether they keep a host tier (which llama.cpp does not say), and engines with no priority queue are sent no
   priorities (`engine_priority = "none"`), as the real flood's config says.
 - `luftpause-no-run-gate`: the same on replicas whose KV pool nobody told it (an engine whose
   probe cannot read it, no `kv_tokens` in the config): turns are admitted by the lookahead alone
@@ -230,7 +230,10 @@ class Luftpause(Arm):
     reads_kv = True
     # The gate's fewest runs a pool must keep warm (None: the default, config.GATE_MIN_RUNS).
     gate_min_runs: int | None = None
-    # Whether its replicas declare the host tier their engines keep (False: declared none).
+    # Whether its replicas are configured as their engines keep a host tier: on slot engines
+    # (llama.cpp, which does not say) the config says what they run, and on shared-pool engines
+    # the config says nothing and their probes say it, as SGLang's /get_server_info does. False:
+    # every replica's config says it keeps none (`luftpause-gated`), and the probes are not asked.
     declares_host_cache = True
     # Whether each completion names the tools its reply called, as the dataplane reports them
     # (False: none named, so a paused run keeps its place by all of its caller's pauses).
@@ -255,7 +258,8 @@ class Luftpause(Arm):
                 lookahead=LOOKAHEAD if self.lookahead is None else self.lookahead,
                 gate_min_runs=GATE_MIN_RUNS if self.gate_min_runs is None else self.gate_min_runs,
                 kv_slots=engine.slots if engine.slot_kv else None,
-                host_cache=self.declares_host_cache and engine.host_cache_tokens > 0,
+                host_cache=self.declares_host_cache and engine.slot_kv and engine.host_cache_tokens > 0,
+                host_cache_configured=engine.slot_kv or not self.declares_host_cache,
             )
             for name in self.order
         )
@@ -293,10 +297,21 @@ class Luftpause(Arm):
                 self._feed(ReplicaProbed(name, True, None, None, at=self.clock.now))
                 continue
             load = self.replicas[name].load()
-            # The pool's size, as the prober reads it from SGLang's /get_server_info.
-            kv_tokens = self.replicas[name].engine.params.kv_pool_tokens if self.reads_kv else None
+            # The pool's size and whether it keeps a host tier, as the prober reads them from
+            # SGLang's /get_server_info (the config's word on a slot engine's tier stands).
+            params = self.replicas[name].engine.params
+            kv_tokens = params.kv_pool_tokens if self.reads_kv else None
+            host = params.host_cache_tokens > 0 if self.reads_kv and not params.slot_kv else None
             self._feed(
-                ReplicaProbed(name, True, load.running, load.waiting, at=self.clock.now, kv_tokens=kv_tokens)
+                ReplicaProbed(
+                    name,
+                    True,
+                    load.running,
+                    load.waiting,
+                    at=self.clock.now,
+                    kv_tokens=kv_tokens,
+                    host_cache=host,
+                )
             )
 
     def _feed(self, event: Event) -> None:

@@ -196,8 +196,8 @@ class RouterPlusEnginePriorityHostTier(RouterPlusEnginePriority):
 
 class LuftpauseHostTier(Luftpause):
     """luftpause on the same engines as `router-plus-engine-priority-host-tier`: what a luftpause
-    user gets who turns the host tier on too (its replicas say `host_cache`, so the run gate holds
-    nothing and only the classes and the lookahead order the turns)."""
+    user gets who turns the host tier on too (its engines say so, as SGLang's /get_server_info
+    does, so the run gate holds nothing and only the classes and the lookahead order the turns)."""
 
     name = "luftpause-host-tier"
 

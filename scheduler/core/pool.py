@@ -83,10 +83,13 @@ def _replica(spec: ReplicaSpec, old: Replica | None) -> Replica:
         kv_slots=spec.kv_slots,
         slots_configured=spec.kv_slots is not None,
         host_cache=spec.host_cache,
+        host_cache_source="config" if spec.host_cache_configured else "default",
         ejection_base_s=spec.ejection_base_s,
     )
     if old is not None:
         # A replica that stays in the pool keeps what its probes said.
+        if old.host_cache_source == "engine" and fresh.host_cache_source != "config":
+            fresh = fresh._replace(host_cache=old.host_cache, host_cache_source="engine")
         fresh = fresh._replace(
             healthy=old.healthy,
             probed=old.probed,
@@ -124,6 +127,9 @@ def _replica_probed(tx: _Tx, e: ReplicaProbed, actions: list[Action]) -> None:
         replica = replica._replace(kv_tokens=e.kv_tokens)
     if e.kv_slots is not None and e.kv_slots > 0 and not replica.slots_configured:
         replica = replica._replace(kv_slots=e.kv_slots)
+    if e.host_cache is not None and replica.host_cache_source != "config":
+        # The engine's word on its host tier (gate.gated): the gate holds no runs where it keeps one.
+        replica = replica._replace(host_cache=e.host_cache, host_cache_source="engine")
     if e.prompt_tokens is not None and e.cached_tokens is not None:
         replica = replica._replace(prompt_tokens=e.prompt_tokens, cached_tokens=e.cached_tokens)
     tx.replicas = tx.replicas.set(e.name, replica)

@@ -88,3 +88,23 @@ def test_the_gated_arm_holds_a_run_a_slot_where_the_engines_keep_a_host_tier() -
     off, on = simulate(full, "luftpause", seed=1), simulate(full, "luftpause-gated", seed=1)
     assert on.tokens_evicted < off.tokens_evicted
     assert on.interactive_runs_per_min > off.interactive_runs_per_min
+
+
+def test_on_shared_pool_engines_with_a_host_tier_luftpause_learns_it_from_their_probes() -> None:
+    clock = VirtualClock()
+    replicas = [SimReplica("a", peers.with_host_tier(EngineParams()), clock)]
+    default, gated = Luftpause(replicas, clock), ARMS["luftpause-gated"](replicas, clock)
+    # Configured with nothing said, as a user would leave it; the engine's first probe says it.
+    assert default.state.replicas["a"].host_cache_source == "default"
+    clock.run_until(clock.now + 1.0)
+    tiered = default.state.replicas["a"]
+    assert (tiered.host_cache, tiered.host_cache_source, gate.mode(tiered)) == (
+        True,
+        "engine",
+        "off: host cache",
+    )
+    # The gated arm's config says there is none, and the engine's word does not change that.
+    assert (gated.state.replicas["a"].host_cache_source, gate.mode(gated.state.replicas["a"])) == (
+        "config",
+        "tokens",
+    )

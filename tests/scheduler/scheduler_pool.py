@@ -33,13 +33,15 @@ def spec(
     gate_min_runs: int = GATE_MIN_RUNS,
     kv_slots: int | None = None,
     host_cache: bool = False,
+    host_cache_configured: bool = False,
 ) -> ReplicaSpec:
     """A replica serving `models` (default "m"); `lookahead` 0 takes any number of our turns;
     `kv_tokens`: its KV pool as configured (None: as its probes say); `gate_min_runs` 0: no gate;
-    `kv_slots`: a slot engine's slots as configured; `host_cache`: its engine keeps evicted prefixes."""
+    `kv_slots`: a slot engine's slots as configured; `host_cache`: its engine keeps evicted
+    prefixes, as the config says (`host_cache_configured`) or by default until a probe says."""
     return ReplicaSpec(
         name, f"http://{name}", kind, models or ("m",), reports_load, load_from, lookahead, kv_tokens,
-        gate_min_runs, kv_slots, host_cache,
+        gate_min_runs, kv_slots, host_cache, host_cache_configured,
     )  # fmt: skip
 
 
@@ -140,14 +142,16 @@ class Pool:
         kv_slots: int | None = None,
         prompt_tokens: int | None = None,
         cached_tokens: int | None = None,
+        host_cache: bool | None = None,
     ) -> tuple[Action, ...]:
         """A probe answered now; `sent_at`: when the load was asked for (default: now);
         `kv_tokens`, `kv_slots`: the KV pool and slots the engine said it has (None: not read);
-        `prompt_tokens`, `cached_tokens`: its prompt-cache counters (None: not on its page)."""
+        `prompt_tokens`, `cached_tokens`: its prompt-cache counters (None: not on its page);
+        `host_cache`: whether it said it keeps a host tier (None: not said)."""
         return self.feed(
             ReplicaProbed(
-                name, healthy, running, waiting, self.now, sent_at, kv_tokens, kv_slots, prompt_tokens,
-                cached_tokens,
+                name, healthy, running, waiting, self.now, sent_at, kv_tokens=kv_tokens, kv_slots=kv_slots,
+                host_cache=host_cache, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
             )
         )  # fmt: skip
 

@@ -13,7 +13,7 @@ from scheduler_pool import Pool, placements, spec
 
 from luftpause.scheduler import gate
 from luftpause.scheduler.actions import Place
-from luftpause.scheduler.events import Resynced, ResyncedRun
+from luftpause.scheduler.events import PoolConfigured, Resynced, ResyncedRun
 from luftpause.scheduler.state import Phase, ServiceClass
 
 RUN_BYTES = 3600
@@ -347,6 +347,46 @@ def test_where_the_engine_keeps_evicted_prefixes_in_host_memory_the_gate_holds_n
     done(pool, "t0", tool_calls=True)
     assert pool.state.runs["run-t0"].hold_until is None
     assert gate.mode(pool.state.replicas["a"]) == "off: host cache"
+
+
+def test_an_engine_that_says_it_keeps_a_host_tier_turns_the_gate_off_unless_the_config_says_otherwise():
+    # The config says nothing of "a"'s host tier, so its engine's word counts.
+    pool = Pool(spec("a", lookahead=0, kv_tokens=POOL_TOKENS))
+    pool.probe("a", running=0, waiting=0, host_cache=True)
+    a = pool.state.replicas["a"]
+    assert (a.host_cache, a.host_cache_source, gate.mode(a)) == (True, "engine", "off: host cache")
+    # Every new run goes, however many the pool could keep warm, and none is held through its tool.
+    assert [new_run(pool, f"a{i}") for i in range(FULL + 2)] == ["a"] * (FULL + 2)
+    done(pool, "a0", tool_calls=True)
+    assert pool.state.runs["run-a0"].hold_until is None
+    # A probe that does not say leaves the reading standing; the engine saying no turns it back on.
+    pool.probe("a", running=0, waiting=0)
+    assert pool.state.replicas["a"].host_cache is True
+    pool.probe("a", running=0, waiting=0, host_cache=False)
+    assert gate.mode(pool.state.replicas["a"]) == "tokens"
+    # The config of "b" says it keeps no host tier: the engine's word does not change that.
+    pool = Pool(spec("b", lookahead=0, kv_tokens=POOL_TOKENS, host_cache_configured=True))
+    pool.probe("b", running=0, waiting=0, host_cache=True)
+    b = pool.state.replicas["b"]
+    assert (b.host_cache, b.host_cache_source, gate.mode(b)) == (False, "config", "tokens")
+    assert [new_run(pool, f"b{i}") for i in range(FULL + 1)] == ["b"] * FULL + [None]
+
+
+def test_the_engines_word_on_its_host_tier_outlasts_a_pool_change_and_the_config_overrides_it():
+    pool = Pool(spec("a", lookahead=0, kv_tokens=POOL_TOKENS))
+    pool.probe("a", running=0, waiting=0, host_cache=True)
+    pool.feed(PoolConfigured((spec("a", lookahead=0, kv_tokens=POOL_TOKENS),), pool.now))
+    assert (pool.state.replicas["a"].host_cache, pool.state.replicas["a"].host_cache_source) == (
+        True,
+        "engine",
+    )
+    pool.feed(
+        PoolConfigured((spec("a", lookahead=0, kv_tokens=POOL_TOKENS, host_cache_configured=True),), pool.now)
+    )
+    assert (pool.state.replicas["a"].host_cache, pool.state.replicas["a"].host_cache_source) == (
+        False,
+        "config",
+    )
 
 
 def _slot_named(actions) -> dict[str, int | None]:

@@ -1,5 +1,5 @@
 """The prober: engine load read from each family's metric names, health from the health path, and
-the engine's KV capacity from where each family states it."""
+the engine's KV capacity and host tier from where each family states them."""
 
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ from luftpause.scheduler.prober import (
     llamacpp_slots_kv_tokens,
     parse_load,
     parse_prompt_cache,
+    parse_vllm_host_cache,
     parse_vllm_kv_tokens,
     probe,
     run_prober,
+    sglang_host_cache,
     sglang_kv_tokens,
 )
 
@@ -150,11 +152,10 @@ async def test_hosted_endpoint_gets_its_api_key_as_a_bearer(monkeypatch: pytest.
 
 
 @contextlib.asynccontextmanager
-async def _fake_engine(flavour: str, kv_pool_tokens: int) -> AsyncIterator[str]:
+async def _fake_engine(flavour: str, kv_pool_tokens: int, host_cache_tokens: int = 0) -> AsyncIterator[str]:
     """The project's fake engine on a loopback port, in this test's loop; yields its URL."""
-    app = create_app(
-        name="fake-kv", params=EngineParams(kv_pool_tokens=kv_pool_tokens), metrics_flavour=flavour
-    )
+    params = EngineParams(kv_pool_tokens=kv_pool_tokens, host_cache_tokens=host_cache_tokens)
+    app = create_app(name="fake-kv", params=params, metrics_flavour=flavour)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
@@ -198,6 +199,62 @@ async def test_a_replica_whose_config_sets_kv_tokens_is_not_asked():
     # The core takes the config's figure (ReplicaSpec.kv_tokens); the probe has none to add.
     assert sglang.kv_tokens is None and vllm.kv_tokens is None
     assert sglang.running == vllm.running == 0
+
+
+@pytest.mark.parametrize("flavour", ["sglang", "vllm"])
+async def test_an_engine_says_whether_it_keeps_a_host_tier(flavour: str):
+    async with _fake_engine(flavour, kv_pool_tokens=12345, host_cache_tokens=24690) as url:
+        tiered = await _probe_url(url, read_kv=True, metrics=flavour)
+    async with _fake_engine(flavour, kv_pool_tokens=12345) as url:
+        plain = await _probe_url(url, read_kv=True, metrics=flavour)
+        # The config's word is the only one: the engine is not asked, even where its KV pool is.
+        configured = await _probe_url(url, read_kv=True, metrics=flavour, host_cache=True)
+    assert (tiered.host_cache, tiered.kv_tokens) == (True, 12345 if flavour == "sglang" else 12336)
+    assert (plain.host_cache, configured.host_cache, configured.kv_tokens) == (False, None, plain.kv_tokens)
+
+
+async def test_an_sglang_replica_whose_config_sets_its_pool_is_still_asked_for_its_host_tier():
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.path == "/get_server_info":
+            return httpx.Response(200, json={"max_total_num_tokens": 999, "enable_hierarchical_cache": True})
+        return httpx.Response(200, text=SGLANG_PAGE if request.url.path == "/metrics" else "ok")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        result = await probe(client, _replica(kv_tokens=5000), 2.0, lambda: 42.0, read_kv=True)
+        assert (result.kv_tokens, result.host_cache) == (None, True)
+        # With both in the config there is nothing to ask.
+        seen.clear()
+        both = await probe(
+            client, _replica(kv_tokens=5000, host_cache=False), 2.0, lambda: 42.0, read_kv=True
+        )
+    assert (both.host_cache, "/get_server_info" in seen) == (None, False)
+
+
+def test_sglang_states_its_host_tier_among_its_server_arguments():
+    assert sglang_host_cache({"enable_hierarchical_cache": True, "hicache_ratio": 2.0}) is True
+    assert sglang_host_cache({"enable_hierarchical_cache": False}) is False
+    # An SGLang older than HiCache, or an answer of another shape, does not say.
+    for answer in ({"max_total_num_tokens": 1}, {"enable_hierarchical_cache": "true"}, [True], None):
+        assert sglang_host_cache(answer) is None
+
+
+def test_vllm_states_its_kv_offloading_in_its_cache_config_labels():
+    def page(*sizes: str) -> str:
+        return "".join(
+            f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="100",kv_offloading_size="{size}"}} 1.0\n'
+            for size in sizes
+        )
+
+    assert parse_vllm_host_cache(page("None")) is False
+    assert parse_vllm_host_cache(page("64.0")) is True
+    # One engine core per data-parallel rank: any with offloading on says it.
+    assert parse_vllm_host_cache(page("None", "8")) is True
+    # A vLLM older than the option writes no such label: it does not say.
+    assert parse_vllm_host_cache('vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0\n') is None
+    assert parse_vllm_host_cache(SGLANG_PAGE) is None
 
 
 @contextlib.contextmanager

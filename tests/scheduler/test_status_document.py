@@ -72,6 +72,7 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "gate": "off: pool unknown",
             "kv_slots": None,
             "host_cache": False,
+            "host_cache_source": "default",
             "kv_capacity": None,
             # r0 and r1 generate there; the gate is off, but a replica still holds its runs.
             "held_runs": 2,
@@ -111,6 +112,7 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "gate": "off: pool unknown",
             "kv_slots": None,
             "host_cache": False,
+            "host_cache_source": "default",
             "kv_capacity": None,
             "held_runs": 0,
             "held_kv_tokens": 0,
@@ -148,6 +150,7 @@ def test_replicas_show_in_flight_against_their_limit_in_config_order():
             "gate": "off: pool unknown",
             "kv_slots": None,
             "host_cache": False,
+            "host_cache_source": "default",
             "kv_capacity": None,
             "held_runs": 1,
             "held_kv_tokens": REPLY_RESERVE_DEFAULT,
