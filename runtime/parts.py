@@ -23,7 +23,7 @@ from luftpause.runtime.callers import NotYours, Who, who_of
 from luftpause.runtime.journal_writer import JournalError, JsonlWriter
 from luftpause.runtime.llm import Dataplane
 from luftpause.runtime.metrics import RuntimeMetrics
-from luftpause.runtime.restore import evict, rebuild, restore
+from luftpause.runtime.restore import evict, rebuild, restore_at_start
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs
 from luftpause.runtime.spec import SpawnArguments
@@ -84,12 +84,11 @@ class Runtime:
     async def start(self) -> None:
         self.tool_servers.start()
         retention_s = self.config.runtime.retention_s
-        restore(self.runs, retention_s, self.config.runtime.archive_retention_s)
+        await restore_at_start(self.runs, retention_s, self.config.runtime.archive_retention_s)
         if self.journal.shared:
             from luftpause.runtime.leases import Leases
 
             self.leases = Leases(self.runs, cast("PostgresStore", self.journal))
-            await self.runs.link_to_parents_elsewhere()
             self.leases.start()
         self.tasks.restore()
         # Each tenth of the shorter window, between 1 s and 10 minutes.

@@ -50,6 +50,18 @@ def restore(runs: Runs, retention_s: float | None = None, archive_retention_s: f
         log.info("journal: %d runs restored, %d of them resumed", len(every), resumed)
 
 
+async def restore_at_start(
+    runs: Runs, retention_s: float | None = None, archive_retention_s: float | None = None
+) -> None:
+    """A runtime's start: `restore`, and with a store that runtimes share, each run resumed here
+    whose parent another runtime drives linked under that parent as the store has it, so that the
+    parent's end or cancel, or a budget over both, reaches it (`Runs.link_to_parents_elsewhere`;
+    a parent that ended meanwhile ends it)."""
+    restore(runs, retention_s, archive_retention_s)
+    if runs.journal.shared:
+        await runs.link_to_parents_elsewhere()
+
+
 def take_over(runs: Runs, replayed: list[ReplayedRun]) -> list[Run]:
     """Resumes runs whose leases this runtime took from a runtime that stopped renewing them
     (leases.py), as a restart resumes its own; a run this runtime showed as driven elsewhere

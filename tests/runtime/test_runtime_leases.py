@@ -16,7 +16,7 @@ from luftpause.config import RuntimeSettings
 from luftpause.runtime.approvals import ask_approval, decide_approval
 from luftpause.runtime.leases import Leases
 from luftpause.runtime.postgres_store import PostgresStore
-from luftpause.runtime.restore import restore
+from luftpause.runtime.restore import restore, restore_at_start
 from luftpause.runtime.run import Run
 from luftpause.runtime.runs import Runs, SpawnRefused
 from luftpause.runtime.spec import RunSpec
@@ -347,8 +347,7 @@ async def test_a_runtime_restarted_links_its_runs_to_their_parents_on_the_other(
         await a.runs.cancel(cancelled_root.handle)
         again = Runtime(postgres_url, "b", 60.0)
         try:
-            restore(again.runs)
-            await again.runs.link_to_parents_elsewhere()
+            await restore_at_start(again.runs)  # as the runtime's start does (parts.py)
             again.leases.start()
             (was_orphaned, was_kept) = await again.runs.find([orphaned.handle, kept.handle])
             assert (was_orphaned.status, was_orphaned.error) == (
