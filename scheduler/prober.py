@@ -39,7 +39,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -359,6 +359,38 @@ def _headers(replica: config.Replica) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+class _Page(NamedTuple):
+    """What an engine's /metrics page said: (running, waiting), (prompt tokens, cached ones), and
+    for vLLM its KV capacity and whether it offloads; None for each it did not say."""
+
+    load: tuple[int, int] | None = None
+    cache: tuple[int, int] | None = None
+    kv_tokens: int | None = None
+    host_cache: bool | None = None
+
+
+async def _read_metrics(
+    client: httpx.AsyncClient, replica: config.Replica, headers: dict[str, str], timeout_s: float
+) -> _Page:
+    """The replica's /metrics page, read; nothing for an answer other than 200, or none."""
+    page = _Page()
+    try:
+        answer = await client.get(replica.url.rstrip("/") + "/metrics", headers=headers, timeout=timeout_s)
+        if answer.status_code == 200:
+            text, vllm = answer.text, replica.metrics == "vllm"
+            page = _Page(
+                parse_load(text, replica.metrics),
+                parse_prompt_cache(text, replica.metrics),
+                parse_vllm_kv_tokens(text) if vllm and reads_kv_tokens(replica) else None,
+                parse_vllm_host_cache(text) if vllm and reads_host_cache(replica) else None,
+            )
+    except httpx.HTTPError:
+        pass
+    if page.load is None:
+        log.debug("replica %s: no load in its /metrics (%s names)", replica.name, replica.metrics)
+    return page
+
+
 async def probe(
     client: httpx.AsyncClient,
     replica: config.Replica,
@@ -379,29 +411,15 @@ async def probe(
         healthy = 200 <= health.status_code < 300
     except httpx.HTTPError:
         healthy = False
-    load: tuple[int, int] | None = None
-    cache: tuple[int, int] | None = None
     # A router's own /metrics says nothing about its engines' queues; the core sums the load of
     # the replicas it names in `load_from` instead.
     sent_at: float | None = None
-    kv: int | None = None
+    page = _Page()
     slots: int | None = None
-    host: bool | None = None
     if healthy and replica.metrics != "none" and not replica.load_from:
         sent_at = clock()
-        try:
-            answer = await client.get(base + "/metrics", headers=headers, timeout=timeout_s)
-            if answer.status_code == 200:
-                load = parse_load(answer.text, replica.metrics)
-                cache = parse_prompt_cache(answer.text, replica.metrics)
-                if replica.metrics == "vllm" and reads_kv_tokens(replica):
-                    kv = parse_vllm_kv_tokens(answer.text)
-                if replica.metrics == "vllm" and reads_host_cache(replica):
-                    host = parse_vllm_host_cache(answer.text)
-        except httpx.HTTPError:
-            load = None
-        if load is None:
-            log.debug("replica %s: no load in its /metrics (%s names)", replica.name, replica.metrics)
+        page = await _read_metrics(client, replica, headers, timeout_s)
+    load, cache, kv, host = page
     if healthy and read_kv and reads_kv_apart(replica):
         kv, slots, host = await read_kv_apart(client, replica, headers, timeout_s)
     running, waiting = load if load is not None else (None, None)
