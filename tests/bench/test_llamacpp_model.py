@@ -1,6 +1,6 @@
 """The benchmark's GGUF model: what it writes (read back with gguf's reader) and, where a
 llama-server is found, that llama.cpp loads it, tokenizes as it was built to and reuses a turn's
-prefix in the next."""
+prefix in the next, and that the scheduler's prober reads that server as it reads the double."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import gguf
 import httpx
 import pytest
 
+from luftpause import config
 from luftpause.bench import llamacpp_model as lm
 from luftpause.bench.common import free_port
 from luftpause.loadgen.conversation import TOOLS, first_messages
+from luftpause.scheduler.prober import probe
 
 TINY = lm.Dimensions(embd=32, layers=2, heads=4, kv_heads=2, ff=64, merges=400, context=4096)
 
@@ -158,3 +160,29 @@ def test_llama_server_serves_a_chat_turn_with_tools_and_reuses_its_prefix_in_the
         assert props["chat_template_caps"]["supports_tools"] is True
         assert len(client.get("/slots").json()) == 2
         assert "llamacpp:prompt_tokens_total" in client.get("/metrics").text
+
+
+@needs_llama_server
+async def test_the_prober_reads_a_real_llama_server_s_load_slots_kv_and_prompt_cache(
+    llama_server: str,
+) -> None:
+    url = llama_server
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        messages = first_messages("llama-server", 3000)
+        for _ in range(2):  # the second turn finds the first one's prompt in its slot
+            r = await client.post(
+                "/v1/chat/completions", json={"messages": messages, "tools": TOOLS, "max_tokens": 4}
+            )
+            assert r.status_code == 200, r.text
+        used = r.json()["usage"]
+        slots = (await client.get("/slots")).json()
+        replica = config.Replica(name="l", url=url, models=["m"], metrics="llamacpp")
+        probed = await probe(client, replica, 10.0, time.monotonic, read_kv=True)
+    assert (probed.healthy, probed.running, probed.waiting) == (True, 0, 0)
+    # Its slots, and its KV as their contexts summed (what `-c 4096 --parallel 2` gives each).
+    assert probed.kv_slots == 2 and probed.kv_tokens == sum(s["n_ctx"] for s in slots) > 0
+    # Its prompt-cache counters since it started: both turns' prompts, and the second's from its cache.
+    assert probed.prompt_tokens == 2 * used["prompt_tokens"]
+    assert probed.cached_tokens == used["prompt_tokens_details"]["cached_tokens"] > 0
+    # llama.cpp says nothing of its host cache: the probe has no word on it.
+    assert probed.host_cache is None
