@@ -13,7 +13,16 @@ The run is repeated for each held count in `--sizes` (default 100, 1,000, 10,000
 column is the time per decision relative to the smallest size, beside log2(n) relative to the
 same, which is what an O(log n) core should stay within.
 
-    luftpause bench scheduler_core [--sizes 100,1000,10000] [--events 60000] [--runs 1000]
+Decisions a second depend on the machine and on what else it runs: the same core has measured
+2.6 times faster on one day than on another here. `--instructions` also counts what a decision
+costs in instructions, which they do not change: each size is run twice more under valgrind's
+callgrind, for `INSTRUCTION_EVENTS` decisions each, and the difference of the two counts over the
+difference of the decisions is what the decisions cost, the setup (the same in both) dropping
+out. The hash seed is fixed for those runs (`PYTHONHASHSEED=0`): the maps' layout follows the
+strings' hashes, and with random seeds the same core counted up to 6 % apart. It needs valgrind
+on PATH (Debian: `apt-get install valgrind`) and takes about a minute a size at 10,000.
+
+    luftpause bench scheduler_core [--sizes 100,1000,10000] [--events 60000] [--runs 1000] [--instructions]
 """
 
 from __future__ import annotations
@@ -21,8 +30,15 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from luftpause.bench import results
@@ -151,15 +167,57 @@ def measure(held: int, events: int, runs: int, callers: int, slots: int) -> dict
     }
 
 
+# Decisions each size is run for under callgrind, once each (see the module docstring).
+INSTRUCTION_EVENTS = (2_000, 6_000)
+
+
+def count_instructions(held: int, events: int, runs: int, callers: int, slots: int) -> tuple[int, int]:
+    """(instructions, decisions) of one run of this benchmark at `held` turns for `events`
+    decisions, under callgrind with the hash seed fixed; the instructions include the setup."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit(
+            "bench scheduler_core --instructions: valgrind is not on PATH (Debian: apt-get install valgrind)"
+        )
+    with tempfile.TemporaryDirectory(prefix="luftpause-callgrind-") as tmp:
+        command = [
+            valgrind, "--tool=callgrind", f"--callgrind-out-file={Path(tmp) / 'out'}",
+            sys.executable, "-m", "luftpause.bench.scheduler_core", "--sizes", str(held), "--events", str(events),
+            "--runs", str(runs), "--callers", str(callers), "--slots", str(slots), "--no-record",
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=False
+        )
+    counted = re.search(r"Collected : (\d+)", done.stderr)
+    decided = re.search(r"^\| [\d,]+ \| [\d,]+ \| ([\d,]+) \|", done.stdout, re.MULTILINE)
+    if done.returncode != 0 or counted is None or decided is None:
+        raise RuntimeError(f"callgrind run failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return int(counted.group(1)), int(decided.group(1).replace(",", ""))
+
+
+def instructions_per_decision(
+    held: int, runs: int, callers: int, slots: int, events: tuple[int, int] = INSTRUCTION_EVENTS
+) -> float:
+    """What one decision costs in instructions at `held` turns: two callgrind runs' counts apart,
+    over their decisions apart."""
+    (low, low_decisions), (high, high_decisions) = (
+        count_instructions(held, n, runs, callers, slots) for n in events
+    )
+    return (high - low) / (high_decisions - low_decisions)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
+    counted = all("instructions_per_decision" in r for r in rows)
     lines = [
-        "| held turns | runs | decisions | decisions/s | µs/decision | growth | log2 n growth |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| held turns | runs | decisions | decisions/s | µs/decision | growth | log2 n growth |"
+        + (" instructions/decision |" if counted else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""),
     ]
     for r in rows:
         lines.append(
             f"| {r['held']:,} | {r['runs']:,} | {r['decisions']:,} | {r['decisions_per_s']:,} | "
             f"{r['us_per_decision']} | {r['growth']:.2f}x | {r['log_growth']:.2f}x |"
+            + (f" {r['instructions_per_decision']:,.0f} |" if counted else "")
         )
     return "\n".join(lines)
 
@@ -172,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--callers", type=int, default=100)
     p.add_argument("--slots", type=int, default=32, help="turns each replica's engine runs")
     p.add_argument("--no-record", action="store_true", help="print only; write nothing under bench/results/")
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions a decision under valgrind's callgrind, which the machine's speed does not change",
+    )
     args = p.parse_args(argv)
 
     rows = []
@@ -183,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['us_per_decision']:>6} µs/decision",
             flush=True,
         )
+        if args.instructions:
+            row["instructions_per_decision"] = round(
+                instructions_per_decision(held, args.runs, args.callers, args.slots)
+            )
+            print(
+                f"held={held:>6,}  {row['instructions_per_decision']:>8,} instructions/decision", flush=True
+            )
     base = rows[0]
     for r in rows:
         r["growth"] = r["us_per_decision"] / base["us_per_decision"]
@@ -198,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 "callers": args.callers,
                 "slots": args.slots,
                 "replicas": len(REPLICAS),
+                # Under callgrind, with PYTHONHASHSEED=0 (rows' instructions_per_decision).
+                "instruction_events": list(INSTRUCTION_EVENTS) if args.instructions else None,
                 "rows": rows,
             },
             table,
