@@ -12,17 +12,34 @@ import signal
 import socket
 import statistics
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
+# The ports `free_port` has handed out in this process, and the most tries for one not among them.
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
+FREE_PORT_TRIES = 1000
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process has not
+    been handed before. A stack picks its ports one after another before any of them listens,
+    and the kernel may give a port just closed to the next bind: two services of one stack were
+    given the same port (a scheduler's gRPC and a fake engine's, which then could not both listen)."""
+    with _handing_out:
+        for _ in range(FREE_PORT_TRIES):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError(
+        f"no loopback port this process has not been handed already, in {FREE_PORT_TRIES} tries"
+    )
 
 
 class Processes:
