@@ -28,12 +28,15 @@ MODEL = "fake-llama"
 
 @dataclass
 class EngineStandIn:
-    """Answers /health and /metrics (SGLang names) with whatever the test sets."""
+    """Answers /health and /metrics (SGLang names) with whatever the test sets; while
+    `answers_metrics` is False, /metrics answers 503, so no probe gives a reading and the
+    scheduler goes by the last one."""
 
     port: int = field(default_factory=free_port)
     healthy: bool = True
     running: int = 0
     waiting: int = 0
+    answers_metrics: bool = True
 
     def __post_init__(self) -> None:
         engine = self
@@ -42,6 +45,8 @@ class EngineStandIn:
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
                 if self.path == "/health":
                     status, body = (200, b"ok") if engine.healthy else (503, b"down")
+                elif self.path == "/metrics" and not engine.answers_metrics:
+                    status, body = 503, b"not now"
                 elif self.path == "/metrics":
                     status = 200
                     body = (
@@ -177,6 +182,19 @@ async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ou
     # Someone else's request waits in the engine: with our first turn behind it, the engine's
     # queue holds the lookahead's worth (2), so the next turn waits here.
     await _engine_load(scheduler, running=1, waiting=1)
+    # The stand-in's queue does not grow when our turn is sent, as a real engine's would: a probe
+    # now would read one waiting, which may be our turn, and give its room back. So none reads
+    # until our turn has started; the scheduler goes by the reading above.
+    assert scheduler.engine is not None
+    scheduler.engine.answers_metrics = False
+    try:
+        await _held_until_ours_starts(scheduler)
+    finally:
+        scheduler.engine.answers_metrics = True
+    await _engine_load(scheduler, running=0, waiting=0)
+
+
+async def _held_until_ours_starts(scheduler: Scheduler) -> None:
     async with grpc.aio.insecure_channel(scheduler.target) as channel, TurnsStream(channel) as turns:
         first = await turns.admit(_admit("h-t1", "h-r1"))
         assert first.outcome == pb.AdmitReply.PLACED
@@ -204,7 +222,6 @@ async def test_a_turn_is_held_while_the_engines_queue_is_full_and_placed_when_ou
         assert reply.held_ms > 0
 
         await turns.report(_completed("h-t1", "h-r1"), _completed("h-t2", "h-r2"))
-    await _engine_load(scheduler, running=0, waiting=0)
 
 
 async def _held_count(scheduler: Scheduler, n: int, what: str) -> None:
