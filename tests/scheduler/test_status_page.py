@@ -449,8 +449,9 @@ async def test_the_kv_pool_column_and_the_run_view_show_what_the_gate_holds_and_
 
 def test_a_llamacpp_replica_shows_the_slots_its_engine_has_and_its_prompt_cache_share(tmp_path: Path):
     """fake-a is a llama-server double with four slots that took 12,000 prompt tokens, 9,000
-    of them from its cache; fake-b nobody answers for. The scheduler reads fake-a's slots and
-    counters by its probes alone, and the page, /status and /metrics say them."""
+    of them from its cache; fake-b, a llama.cpp replica too, nobody answers for. The scheduler
+    reads fake-a's slots and counters by its probes alone, and the page, /status and /metrics
+    say them; fake-b's gate is off by llama.cpp's default host cache, and the page says so."""
     answers = {
         "/health": (200, {"status": "ok"}),
         "/metrics": LLAMACPP_METRICS,
@@ -460,11 +461,13 @@ def test_a_llamacpp_replica_shows_the_slots_its_engine_has_and_its_prompt_cache_
         ports = Ports(engines=[int(engine.rsplit(":", 1)[1]), free_port()])
         path = write_config(tmp_path, ports)
         text = amend_config(path, "[scheduler]\nprobe_period_s = 0.25").read_text()
-        # fake-a speaks llama.cpp's metrics, with its host cache off so that the gate counts slots.
+        # fake-a speaks llama.cpp's metrics, with its host cache off so that the gate counts slots;
+        # fake-b is a llama.cpp replica whose config says nothing of its host cache.
+        fake_b = f'url = "http://127.0.0.1:{ports.engines[1]}"\n'
         path.write_text(
             text.replace(
                 f'url = "{engine}"\n', f'url = "{engine}"\nmetrics = "llamacpp"\nhost_cache = false\n', 1
-            )
+            ).replace(fake_b, f'{fake_b}metrics = "llamacpp"\n', 1)
         )
         service = Service(
             "scheduler", ["scheduler", "--config", str(path)], tmp_path / "scheduler.log"
@@ -487,6 +490,12 @@ def test_a_llamacpp_replica_shows_the_slots_its_engine_has_and_its_prompt_cache_
     replicas = {r[0]: r for r in page.bodies["replicas"]}
     titles = {r[0]: t for r, t in zip(page.bodies["replicas"], page.titles["replicas"], strict=True)}
     assert replicas["fake-a"][9:11] == ["0 / 4 slots · 0 runs", "75 %"]
+    assert (b["gate"], b["host_cache"], b["host_cache_source"]) == ("off: host cache", True, "default")
+    assert replicas["fake-b"][9] == "gate off · 0 runs"
+    assert (
+        titles["fake-b"][9]
+        == "off: host cache (llama.cpp's default: set host_cache = false for --cache-ram 0)"
+    )
     assert titles["fake-a"][10] == "9000 of 12000 prompt tokens from the engine's cache since it started"
     assert replicas["fake-b"][10] == "–"
     assert titles["fake-b"][10] == "no prompt-cache counters on its engine's /metrics"
