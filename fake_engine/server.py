@@ -6,8 +6,9 @@ per instance), and what the SGLang router asks of a worker: `GET /server_info`, 
 (also under their older `/get_` names) and `GET /get_load`; the scheduler's prober reads the KV
 pool's size and its host tier from `/get_server_info` as from SGLang's (`max_total_num_tokens`,
 `enable_hierarchical_cache`). Every chat response object carries the replica name as
-`system_fingerprint`, which is how tests and benchmarks see which replica served a turn. What the engine says comes from `replies`, how long
-it takes from the engine model (`engine`, driven by `realtime`); this module only translates. A
+`system_fingerprint`, which is how tests and benchmarks see which replica served a turn. What the
+engine says comes from `replies`, how long it takes from the engine model (`engine`, driven by
+`realtime`); this module only translates. A
 stream sends `chunk_tokens` tokens per chunk, so that a flood of streams measures the scheduler
 rather than our own JSON encoding.
 """

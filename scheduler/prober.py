@@ -149,6 +149,17 @@ def _positive_int(value: Any) -> int | None:
     return value
 
 
+def _vllm_cache_configs(text: str) -> list[dict[str, str]]:
+    """The labels of each `vllm:cache_config_info` sample on a /metrics page: one label set per
+    engine core (several under data parallelism)."""
+    configs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(VLLM_CACHE_INFO + "{"):
+            configs.append(dict(_LABEL.findall(line[len(VLLM_CACHE_INFO) + 1 : line.rfind("}")])))
+    return configs
+
+
 def parse_vllm_kv_tokens(text: str) -> int | None:
     """vLLM's KV capacity from its /metrics page: num_gpu_blocks times block_size, summed over label
     sets (one per engine core under data parallelism, each with its own pool); None when absent.
@@ -156,11 +167,7 @@ def parse_vllm_kv_tokens(text: str) -> int | None:
     A label that is not a number (vLLM writes "None" for a value not set) gives no reading.
     """
     total = 0
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith(VLLM_CACHE_INFO + "{"):
-            continue
-        labels = dict(_LABEL.findall(line[len(VLLM_CACHE_INFO) + 1 : line.rfind("}")]))
+    for labels in _vllm_cache_configs(text):
         try:
             blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
         except (KeyError, ValueError):
@@ -174,22 +181,16 @@ def parse_vllm_host_cache(text: str) -> bool | None:
     """Whether vLLM offloads its KV to host memory, from its /metrics page: the cache config
     gauge's `kv_offloading_size` label, which says "None" while offloading is off and the buffer's
     size in GiB when it is on; None where no label says it (a vLLM older than the option)."""
-    said: bool | None = None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith(VLLM_CACHE_INFO + "{"):
-            continue
-        size = dict(_LABEL.findall(line[len(VLLM_CACHE_INFO) + 1 : line.rfind("}")])).get(
-            "kv_offloading_size"
-        )
-        if size is None:
-            continue
-        try:
-            on = float(size) > 0
-        except ValueError:
-            on = False  # "None": not set
-        said = on or bool(said)
-    return said
+    sizes = [c["kv_offloading_size"] for c in _vllm_cache_configs(text) if "kv_offloading_size" in c]
+    return any(_gib(size) > 0 for size in sizes) if sizes else None
+
+
+def _gib(size: str) -> float:
+    """A size vLLM's config writes in GiB; 0 for "None" (not set) or anything not a number."""
+    try:
+        return float(size)
+    except ValueError:
+        return 0.0
 
 
 def sglang_host_cache(info: Any) -> bool | None:
@@ -330,14 +331,18 @@ async def read_kv_apart(
     `reads_kv_slots`, `reads_host_cache`); None for one not read or not said (an older engine, an
     endpoint turned off, an answer of another shape)."""
     base = replica.url.rstrip("/")
-    want_kv, want_slots = reads_kv_tokens(replica), reads_kv_slots(replica)
+    want_kv, want_slots, want_host = (
+        reads_kv_tokens(replica),
+        reads_kv_slots(replica),
+        reads_host_cache(replica),
+    )
     kv: int | None = None
     slots: int | None = None
     host: bool | None = None
-    if replica.metrics == "sglang" and (want_kv or reads_host_cache(replica)):
+    if replica.metrics == "sglang" and (want_kv or want_host):
         info = await _get_json(client, base + "/get_server_info", headers, timeout_s)
         kv = sglang_kv_tokens(info) if want_kv else None
-        host = sglang_host_cache(info) if reads_host_cache(replica) else None
+        host = sglang_host_cache(info) if want_host else None
     elif replica.metrics == "llamacpp" and (want_kv or want_slots):
         # /slots answers 501 on a server started with --no-slots; /props says as much, per slot.
         listed = await _get_json(client, base + "/slots", headers, timeout_s)

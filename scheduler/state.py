@@ -55,7 +55,7 @@ class Replica(NamedTuple):
     A named tuple, as `Run` and `Turn` are: every completed turn replaces its replica (its
     outlier record counts the turn), and `_replace` copies a tuple where `dataclasses.replace`
     walks the fields by name and calls a frozen `__init__` (2.1 µs against 9.9 µs here; the
-    core made 10 % fewer instructions a decision for it, docs/measuring.md)."""
+    core made 7.3 % fewer instructions a decision for it, docs/measuring.md)."""
 
     name: str
     url: str

@@ -17,12 +17,13 @@
   first request goes to the worker with the fewest requests in flight, the rest follow it.
 - `luftpause`: the scheduler's own `decide`, fed what the dataplane, the prober and the clock
   would feed it: the pool, a probe of each replica's engine load (and its KV pool and host
-  tier, as SGLang's /get_server_info says them) every 2 s, a tick every 1 s, each turn's arrival (with its body's
-  size and max_tokens), start, first token and completion (with its usage and tool-call ids),
-  and the end of each run. A held turn waits until an action places it. Its replicas are
-  configured as their engines run: on slot engines (llama.cpp) with `kv_slots` their slots and
-  `host_cache` whether they keep a host tier (which llama.cpp does not say), and engines with no priority queue are sent no
-  priorities (`engine_priority = "none"`), as the real flood's config says.
+  tier, as SGLang's /get_server_info says them) every 2 s, a tick every 1 s, each turn's
+  arrival (with its body's size and max_tokens), start, first token and completion (with its
+  usage and tool-call ids), and the end of each run. A held turn waits until an action places
+  it. Its replicas are configured as their engines run: on slot engines (llama.cpp) with
+  `kv_slots` their slots and `host_cache` whether they keep a host tier (which llama.cpp does
+  not say), and engines with no priority queue are sent no priorities (`engine_priority =
+  "none"`), as the real flood's config says.
 - `luftpause-no-run-gate`: the same on replicas whose KV pool nobody told it (an engine whose
   probe cannot read it, no `kv_tokens` in the config): turns are admitted by the lookahead alone
   and paused runs keep their replica however long their tools take, as before the run gate.
