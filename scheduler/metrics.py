@@ -2,8 +2,9 @@
 
 Everything that mirrors the state (turns held by class and caller and the oldest wait, each
 replica's admission limit, turns in flight, reservations and health, its KV pool and the runs
-it holds with their working sets, its engine's prompt-cache counters, the runs waiting for room, runs by class and phase, dataplane
-streams) is computed at scrape time from the host's current state by a custom
+it holds with their working sets, how the run gate counts there and whether its engine keeps a
+host tier, its engine's prompt-cache counters, the runs waiting for room, runs by class and
+phase, dataplane streams) is computed at scrape time from the host's current state by a custom
 collector, so a decision costs nothing more for being watched. The counters (decisions by
 action, resyncs, probe failures per replica) are plain integers the host keeps (`HostCounts`)
 and this collector reads.
@@ -25,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from luftpause.scheduler import admission
+from luftpause.scheduler import admission, gate
 from luftpause.scheduler.actions import Action, Place, Refuse, Reserved, Revoked, RunForgotten, TurnExpired
 from luftpause.scheduler.state import Phase, ServiceClass, State, Turn
 from luftpause.scheduler.status import per_replica, runs_of, waiting_for_room
@@ -208,8 +209,8 @@ class SchedulerCollector(Collector):
         yield from (prompt, cached)
 
     def _gate(self, state: State, held: list[Turn]) -> Iterable[Metric]:
-        """The run gate (gate.py): each replica's KV pool and the runs it holds, and the runs
-        waiting to be admitted."""
+        """The run gate (gate.py): each replica's KV pool, the runs it holds, how the gate counts
+        there and whether its engine keeps a host tier, and the runs waiting to be admitted."""
         pool = GaugeMetricFamily(
             "luftpause_scheduler_replica_kv_tokens",
             "Tokens of KV memory each replica's engine has, as configured or read from the engine "
@@ -226,11 +227,25 @@ class SchedulerCollector(Collector):
             "Runs each replica holds (generating, or paused within their keep time).",
             labels=["replica"],
         )
+        run_gate = GaugeMetricFamily(
+            "luftpause_scheduler_replica_run_gate",
+            "How the run gate counts runs on each replica, as /status says it: 1 on the one `mode` "
+            'that holds ("slots", "tokens", or "off: <why>").',
+            labels=["replica", "mode"],
+        )
+        host_cache = GaugeMetricFamily(
+            "luftpause_scheduler_replica_host_cache",
+            "1 where the replica's engine keeps evicted prefixes in host memory (the gate then holds "
+            'no runs there), and who said so: `source` "config", "engine" or "default".',
+            labels=["replica", "source"],
+        )
         for r in state.replicas_in_order():
             if r.kv_tokens is not None:
                 pool.add_metric([r.name], r.kv_tokens)
             held_kv.add_metric([r.name], state.held_kv.get(r.name, 0))
             held_runs.add_metric([r.name], state.held_runs.get(r.name, 0))
+            run_gate.add_metric([r.name, gate.mode(r)], 1.0)
+            host_cache.add_metric([r.name, r.host_cache_source], 1.0 if r.host_cache else 0.0)
         waiting = GaugeMetricFamily(
             "luftpause_scheduler_runs_waiting_for_room",
             "Runs waiting to be admitted, by class: their turns are held and no replica holds them yet.",
@@ -238,7 +253,7 @@ class SchedulerCollector(Collector):
         )
         for c, turns in waiting_for_room(state, held).items():
             waiting.add_metric([str(c)], runs_of(turns))
-        yield from (pool, held_kv, held_runs, waiting)
+        yield from (pool, held_kv, held_runs, run_gate, host_cache, waiting)
 
 
 def registry_of(collector: SchedulerCollector) -> Callable[[], bytes]:

@@ -5,7 +5,8 @@ sets) is driven over gRPC the way a dataplane drives it: a turn placed, one held
 engine's queue, a reservation granted, a resync, a replica gone unhealthy. Each shows in the
 families the exposition carries, and a scrape without the token is answered 401 when one is set.
 The run gate's families: a replica with a configured KV pool holds one run and a second waits for
-room until the first ends (a scheduler process), and the same read from states the core reached.
+room until the first ends (a scheduler process), and the same read from states the core reached,
+with how the gate counts on each replica and who said its engine keeps a host tier.
 """
 
 from __future__ import annotations
@@ -212,6 +213,41 @@ def test_the_gate_families_show_each_pool_the_runs_it_holds_and_the_runs_waiting
     assert _by(families, "luftpause_scheduler_replica_held_runs", "replica") == {"a": 2, "b": 0}
 
 
+def test_each_replica_shows_how_the_gate_counts_there_and_who_said_it_keeps_a_host_tier():
+    pool = Pool(
+        spec("tokens", kv_tokens=10000),
+        spec("slots", kv_slots=4),
+        spec("configured-tier", kv_tokens=10000, host_cache=True, host_cache_configured=True),
+        spec("said-tier"),
+        spec("unknown"),
+    )
+    pool.probe("said-tier", kv_tokens=10000, host_cache=True)  # the engine says it has a tier
+    pool.probe("unknown", host_cache=False)  # says no tier, but nothing of its pool
+    families = _families(pool.state)
+    modes = {
+        dict(labels)["replica"]: (dict(labels)["mode"], v)
+        for labels, v in families["luftpause_scheduler_replica_run_gate"].items()
+    }
+    assert modes == {
+        "tokens": ("tokens", 1.0),
+        "slots": ("slots", 1.0),
+        "configured-tier": ("off: host cache", 1.0),
+        "said-tier": ("off: host cache", 1.0),
+        "unknown": ("off: pool unknown", 1.0),
+    }
+    tiers = {
+        dict(labels)["replica"]: (dict(labels)["source"], v)
+        for labels, v in families["luftpause_scheduler_replica_host_cache"].items()
+    }
+    assert tiers == {
+        "tokens": ("default", 0.0),
+        "slots": ("default", 0.0),
+        "configured-tier": ("config", 1.0),
+        "said-tier": ("engine", 1.0),
+        "unknown": ("engine", 0.0),
+    }
+
+
 def test_each_replicas_engine_prompt_cache_counters_show_where_its_page_has_them():
     pool = Pool(spec("a"), spec("b"))
     pool.probe("a", running=0, waiting=0, prompt_tokens=12000, cached_tokens=9000)
@@ -250,6 +286,9 @@ async def test_a_scrape_shows_the_pool_configured_the_run_it_holds_and_the_one_w
                     REPLY_RESERVE_DEFAULT
                 )
                 assert sample(held, "luftpause_scheduler_replica_held_runs", replica="fake-a") == 1
+                assert (
+                    sample(held, "luftpause_scheduler_replica_run_gate", replica="fake-a", mode="tokens") == 1
+                )
                 assert (
                     sample(held, "luftpause_scheduler_runs_waiting_for_room", **{"class": "interactive"}) == 1
                 )
