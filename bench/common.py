@@ -7,11 +7,13 @@ can run at once and beside a stack that is up on the usual ports.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,23 +25,52 @@ _handed_out: set[int] = set()
 _handing_out = threading.Lock()
 FREE_PORT_TRIES = 1000
 
+PORT_CLAIMS = Path(
+    os.environ.get("LUFTPAUSE_PORT_CLAIMS") or Path(tempfile.gettempdir()) / f"luftpause-ports-{os.getuid()}"
+)
+"""The folder where every process of this user claims the ports `free_port` hands it (a file a
+port, and a lock file): the test workers, the stacks they start and the benchmarks each pick ports
+while nothing listens on them yet, so the kernel may give one to two processes."""
+
+PORT_CLAIM_S = 300.0
+"""How long a port handed to one process is refused to the others: longer than any stack takes
+from picking its ports to listening on them; after that, a port in use is refused by its bind."""
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process has not
-    been handed before. A stack picks its ports one after another before any of them listens,
-    and the kernel may give a port just closed to the next bind: two services of one stack were
-    given the same port (a scheduler's gRPC and a fake engine's, which then could not both listen)."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that no process of this user
+    has been handed in the last `PORT_CLAIM_S` (nor this one ever). A stack picks its ports one
+    after another before any of them listens, and the kernel may give a port just closed to the
+    next bind: two services of one stack were given the same port (a scheduler's gRPC and a fake
+    engine's, which then could not both listen), and two test workers could be."""
     with _handing_out:
         for _ in range(FREE_PORT_TRIES):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = int(s.getsockname()[1])
-            if port not in _handed_out:
+            if port not in _handed_out and _claim(port):
                 _handed_out.add(port)
                 return port
     raise RuntimeError(
-        f"no loopback port this process has not been handed already, in {FREE_PORT_TRIES} tries"
+        f"no loopback port that no process has been handed already, in {FREE_PORT_TRIES} tries "
+        f"(claims in {PORT_CLAIMS})"
     )
+
+
+def _claim(port: int) -> bool:
+    """Claims `port` for this process in `PORT_CLAIMS`, unless another claimed it in the last
+    `PORT_CLAIM_S`; the check and the claim are one step under the folder's lock."""
+    PORT_CLAIMS.mkdir(parents=True, exist_ok=True)
+    with (PORT_CLAIMS / "lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        claim = PORT_CLAIMS / str(port)
+        try:
+            if time.time() - claim.stat().st_mtime < PORT_CLAIM_S:
+                return False
+        except FileNotFoundError:
+            pass
+        claim.write_text(f"{os.getpid()}\n")
+        return True
 
 
 class Processes:
