@@ -169,12 +169,20 @@ class Runtime:
         here = [r for r in self.runs if who.may_see(r)]
         if not self.journal.shared:
             return here
+        there = [r for r in await self._stored_elsewhere() if who.may_see(r)]
+        return sorted([*here, *there], key=lambda r: r.created_at)
+
+    async def _stored_elsewhere(self) -> list[Run]:
+        """With a shared store, the runs this runtime does not hold that are running or ended
+        within the retention window (other runtimes drive or ended them), read from the store as
+        they stand, in spawn order: new objects each call, none kept. [] with a store of its own."""
+        if not self.journal.shared:
+            return []
         since = time.time() - self.config.runtime.retention_s
         held = {r.handle for r in self.runs}
         stored = await asyncio.to_thread(self.journal.recent, since)
-        elsewhere = await asyncio.to_thread(self.journal.load, [h for h in stored if h not in held])
-        there = [r for r in map(rebuild, elsewhere) if r is not None and who.may_see(r)]
-        return sorted([*here, *there], key=lambda r: r.created_at)
+        loaded = await asyncio.to_thread(self.journal.load, [h for h in stored if h not in held])
+        return sorted((r for r in map(rebuild, loaded) if r is not None), key=lambda r: r.created_at)
 
     async def runs_for(self, handles: list[str], who: Who) -> list[Run]:
         """The runs with these handles (each once, in order), if `who` may see each; else
@@ -226,11 +234,20 @@ class Runtime:
             return self.config.runtime.default_model
         return next((r.models[0] for r in self.config.replicas if r.kind == "single-pass"), None)
 
-    def status_document(self) -> dict[str, Any]:
-        """GET /status: every run (flat, and as a tree with subtree totals), tool servers, tools."""
+    async def status_document(self) -> dict[str, Any]:
+        """GET /status: every run (flat, and as trees with subtree totals), tool servers, tools.
+        The runs are the fleet's: those this runtime holds and, with a shared store, those other
+        runtimes drive or ended within the retention window, so that any runtime behind a
+        balancer answers with the same runs."""
         tools, _ = self.tool_servers.catalog()
-
-        runs, tree = status_runs(list(self.runs))
+        elsewhere = await self._stored_elsewhere()
+        # Read for this document alone, so linking them into their trees changes no live run.
+        by_handle = {r.handle: r for r in elsewhere}
+        for run in elsewhere:
+            parent = by_handle.get(run.spec.parent or "")
+            if parent is not None:
+                run.link_under(parent)
+        runs, tree = status_runs(list(self.runs), elsewhere)
         return {
             "runs": runs,
             "tree": tree,

@@ -130,7 +130,7 @@ def build_mcp(runtime: Runtime) -> MCPServer:
         cors = cors_headers(request.headers.get("origin"))
         if request.method == "OPTIONS":
             return Response(status_code=204, headers=cors)
-        return JSONResponse(runtime.status_document(), headers=cors)
+        return JSONResponse(await runtime.status_document(), headers=cors)
 
     @mcp.custom_route("/metrics", methods=["GET"])
     async def metrics_route(_: Request) -> Response:

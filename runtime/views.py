@@ -99,17 +99,26 @@ def _totals(order: list[Run]) -> dict[str, dict[str, float]]:
 TREE_NESTING = 64
 
 
-def status_runs(held: list[Run]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """GET /status's `runs` (those this runtime holds) and `tree`: their trees, each entry's root a
-    run held here whose parent is not (none, or one another runtime drives), with the runs of
-    another runtime linked into a tree shown in it as last read (a budget's, runs.py)."""
+def status_runs(
+    held: list[Run], elsewhere: list[Run] | tuple[()] = ()
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """GET /status's `runs` and `tree`: the runs this runtime holds, then `elsewhere` (runs other
+    runtimes sharing its store drive or ended, read from it and linked to each other), and their
+    trees. An entry's root is a run whose parent is not shown with it (none, or one another
+    runtime drives); the runs of another runtime that a held tree links in (a budget's, runs.py)
+    show in it as last read, and the rest of `elsewhere` in trees of their own."""
     here = {r.handle for r in held}
     roots = [r for r in held if r.parent is None or r.parent.handle not in here]
     order = [r for root in roots for r in root.subtree()]
-    totals = _totals(order)
-    summaries = {r.handle: summary(r, totals[r.handle]) for r in order}
-    runs = [summaries[r.handle] if r.handle in summaries else summary(r) for r in held]
-    return runs, status_tree(roots, summaries)
+    shown = {r.handle for r in order}
+    rest = [r for r in elsewhere if r.handle not in shown]
+    apart = {r.handle for r in rest}
+    rest_roots = [r for r in rest if r.parent is None or r.parent.handle not in apart]
+    rest_order = [r for root in rest_roots for r in root.subtree()]
+    totals = _totals(order) | _totals(rest_order)
+    summaries = {r.handle: summary(r, totals[r.handle]) for r in (*order, *rest_order)}
+    runs = [summaries[r.handle] if r.handle in summaries else summary(r) for r in (*held, *elsewhere)]
+    return runs, status_tree([*roots, *rest_roots], summaries)
 
 
 def status_tree(roots: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,8 +3,9 @@ HAProxy (Debian's package; .ci/run installs it) with the recipe's own deploy/hap
 its servers pointed at the two runtimes on loopback.
 
 A sessionless client (the 2026-07-28 wire) sends its requests round robin, one to each runtime
-in turn, and every tool answers wherever it lands: spawn on one, status and await on the other.
-A legacy session's requests all reach the runtime that opened it.
+in turn, and every tool answers wherever it lands: spawn on one, status and await on the other;
+GET /status on either lists the runs of both. A legacy session's requests all reach the runtime
+that opened it.
 """
 
 import re
@@ -13,6 +14,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 from mcp import Client
 from support import call, end_process, free_port, http_ok, task_planning, wait_until
@@ -60,6 +62,17 @@ def _start_balancer(directory: Path, port: int, a_port: int, b_port: int, log: P
     return balancer
 
 
+def _fleet(port: int) -> tuple[list[str], list[str]]:
+    """The handles GET /status on `port` lists, and those its run tree holds (every level)."""
+    doc = httpx.get(f"http://127.0.0.1:{port}/status").json()
+    in_tree, stack = [], list(doc["tree"])
+    while stack:
+        node = stack.pop()
+        in_tree.append(node["handle"])
+        stack.extend(node["children"])
+    return sorted(r["handle"] for r in doc["runs"]), sorted(in_tree)
+
+
 def _served(log: Path) -> list[tuple[str, str]]:
     """(runtime, session or "") of every MCP request HAProxy logged, in order."""
     lines = log.read_text().splitlines() if log.exists() else []
@@ -80,6 +93,7 @@ async def test_a_client_whose_requests_reach_either_runtime_gets_every_answer(tm
                 handles = [(await call(client, "spawn", task=t, tools=["lookup"]))["handle"] for t in tasks]
                 shown = [(await call(client, "status", handle=h))["runs"][0]["handle"] for h in handles]
                 awaited = await call(client, "await", handles=handles, timeout=120)
+            fleets = [_fleet(r.port) for r in (a, b)]
             sessionless = Counter(server for server, session in _served(log) if not session)
             async with Client(url, mode="legacy") as legacy:
                 (one,) = [(await call(legacy, "spawn", task=tasks[0], tools=["lookup"]))["handle"]]
@@ -94,6 +108,8 @@ async def test_a_client_whose_requests_reach_either_runtime_gets_every_answer(tm
 
     assert shown == handles
     assert [(r["status"], r["toolCalls"]) for r in awaited["runs"]] == [("finished", 1)] * 4
+    # Each runtime drove the runs spawned on it; either one's GET /status lists all four, once each.
+    assert fleets == [(sorted(handles), sorted(handles))] * 2
     assert set(sessionless) == {"runtime-a", "runtime-b"}, f"requests went to {sessionless}"
     assert first["runs"][0]["status"] == "finished" and again["runs"][0]["handle"] == one
     assert sessions and all(len(servers) == 1 for servers in sessions.values()), sessions
