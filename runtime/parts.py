@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 # How long spawn waits for tool servers still being connected to before judging its `tools`.
 SPAWN_LISTING_WAIT_S = 5.0
 
+# How long GET /status waits for a shared store's runs before it answers without them (saying
+# so): the image's health check reads /status with a 2 s timeout, and a runtime whose database
+# is down is still up, its runs waiting for the database.
+STATUS_STORE_WAIT_S = 1.0
+
 
 def _nothing() -> None:
     return None
@@ -238,9 +243,20 @@ class Runtime:
         """GET /status: every run (flat, and as trees with subtree totals), tool servers, tools.
         The runs are the fleet's: those this runtime holds and, with a shared store, those other
         runtimes drive or ended within the retention window, so that any runtime behind a
-        balancer answers with the same runs."""
+        balancer answers with the same runs; where the store cannot be read within
+        `STATUS_STORE_WAIT_S`, the runs held here, and `notListed` says why."""
         tools, _ = self.tool_servers.catalog()
-        elsewhere = await self._stored_elsewhere()
+        elsewhere: list[Run] = []
+        not_listed = None
+        try:
+            elsewhere = await asyncio.wait_for(self._stored_elsewhere(), STATUS_STORE_WAIT_S)
+        except JournalError as e:
+            not_listed = f"the runs other runtimes drive are not listed: {e}"
+        except TimeoutError:
+            not_listed = (
+                "the runs other runtimes drive are not listed: the run store did not answer "
+                f"within {STATUS_STORE_WAIT_S:g} s"
+            )
         # Read for this document alone, so linking them into their trees changes no live run.
         by_handle = {r.handle: r for r in elsewhere}
         for run in elsewhere:
@@ -251,6 +267,8 @@ class Runtime:
         return {
             "runs": runs,
             "tree": tree,
+            # With a shared store that could not be read now: what is missing and why; else null.
+            "notListed": not_listed,
             "toolServers": [
                 {
                     "name": s.name,

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from mcp import Client
@@ -207,6 +208,10 @@ async def test_runs_ride_out_the_database_going_down_and_spawn_is_refused_meanwh
                 server.stop()
                 stopped = time.monotonic()
                 refused = await to_a.call_tool("spawn", {"task": "during the outage", "tools": ["lookup"]})
+                asked = time.monotonic()
+                async with httpx.AsyncClient() as http:
+                    outage_status = (await http.get(f"http://127.0.0.1:{a.port}/status", timeout=10)).json()
+                outage_status_s = time.monotonic() - asked
                 # The outage outlasts every lease (the scenario, not a wait for a condition).
                 await asyncio.sleep(max(0.0, LEASE_S + 1.0 - (time.monotonic() - stopped)))
                 server.start()
@@ -218,6 +223,11 @@ async def test_runs_ride_out_the_database_going_down_and_spawn_is_refused_meanwh
     assert refused.is_error
     assert "([runtime] store) cannot be reached" in refused.content[0].text
     assert "spawn is refused until it is back" in refused.content[0].text
+    # a's GET /status answers within the health check's 2 s: its own runs, and why b's are missing.
+    assert outage_status_s < 2.0, f"GET /status took {outage_status_s:.2f} s with the database down"
+    assert sorted(r["handle"] for r in outage_status["runs"]) == sorted(handles[0::2])
+    assert outage_status["notListed"].startswith("the runs other runtimes drive are not listed: ")
+    assert "([runtime] store) cannot be reached" in outage_status["notListed"]
     assert [(r["status"], r["toolCalls"], r["error"]) for r in awaited["runs"]] == [("finished", 3, None)] * 4
     assert "took over" not in a.service.output() + b.service.output(), "each runtime kept its own runs"
     sent = Counter(_keys(a.calls) + _keys(b.calls))
