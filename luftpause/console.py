@@ -272,7 +272,10 @@ def _runs(args: argparse.Namespace) -> str:
         # Ended longer ago than the runtime keeps runs in memory: its archive still answers.
         view = asyncio.run(_call_tool(args, "status", handle=args.handle))["runs"]
         nodes = [{**v, "children": []} for v in view]
-    return json.dumps(nodes, indent=2) if args.json else render_runs(nodes)
+    if args.json:
+        return json.dumps(nodes, indent=2)
+    # A runtime on a shared store that could not read it lists its own runs and says why.
+    return "\n\n".join([render_runs(nodes), *([doc["notListed"]] if doc.get("notListed") else [])])
 
 
 async def _call_tool(args: argparse.Namespace, tool: str, **arguments: Any) -> dict[str, Any]:

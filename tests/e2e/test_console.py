@@ -4,11 +4,13 @@ and what they say when a service is not there or refuses them."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,10 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from support import Ports, call, free_port, start_up, stop_up, task_planning, wait_until, write_config
+
+from luftpause.runtime.run import Run
+from luftpause.runtime.spec import RunSpec
+from luftpause.runtime.views import status_runs
 
 OPERATOR = "operator-secret"
 TOKEN = "stack-secret"
@@ -220,3 +226,39 @@ def test_a_service_that_is_not_there_is_named_with_what_to_start(tmp_path: Path)
         (line,) = shown.stderr.splitlines()
         assert line.startswith(f"luftpause {args[0]}: cannot reach the {service} at {down}/"), line
         assert f"`{start}`" in line and "point --" in line
+
+
+def test_runs_says_which_runs_a_runtime_could_not_list(tmp_path: Path) -> None:
+    # A runtime on a shared store whose database is down lists its own runs and says why not the others'.
+    run = Run(handle="run-here", spec=RunSpec(task="summarise the report", model="m"), caller="alice",
+              created_at=0.0, messages=[])  # fmt: skip
+    runs, tree = status_runs([run])
+    missing = "the runs other runtimes drive are not listed: the run store ... cannot be reached"
+    body = json.dumps({"runs": runs, "tree": tree, "notListed": missing}).encode()
+
+    class StandIn(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        shown = subprocess.run([sys.executable, "-m", "luftpause", "runs", "--runtime", url],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        as_json = subprocess.run([sys.executable, "-m", "luftpause", "runs", "--runtime", url, "--json"],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert shown.returncode == 0, shown.stderr
+    table, note = shown.stdout.rstrip("\n").split("\n\n")
+    assert "run-here" in table and "summarise the report" in table
+    assert note == missing
+    assert [n["handle"] for n in json.loads(as_json.stdout)] == ["run-here"], "--json stays the runs alone"

@@ -102,6 +102,10 @@ MIXED = {
 }
 
 
+# What a runtime on a shared store it cannot read says of the runs it does not list.
+NOT_LISTED = "the runs other runtimes drive are not listed: the run store ... cannot be reached: ..."
+
+
 class _RuntimeStandIn(LoopbackServer):
     """Serves /tree/status and /flat/status with the CORS headers the runtime sends."""
 
@@ -113,6 +117,7 @@ class _RuntimeStandIn(LoopbackServer):
                     "/flat/status": FLAT,
                     "/mixed/status": MIXED,
                     "/gate/status": GATED,
+                    "/partial/status": {**FLAT, "notListed": NOT_LISTED},
                 }.get(self.path)
                 body = json.dumps(doc).encode() if doc is not None else b"{}"
                 headers = {"content-type": "application/json", "access-control-allow-origin": "*"}
@@ -354,6 +359,15 @@ def test_a_runtime_without_a_tree_gets_its_subtree_summed_from_the_flat_list(
     assert [r[0].replace("\u2003", " ").strip() for r in rows] == ["run-root", "└ run-volga", "└ run-danube"]
     assert rows[0][6:9] == ["9", "6", "2000 / 250"]
     assert rows[1][6:9] == ["2", "1", "400 / 50"]
+
+
+def test_a_runtime_that_lists_only_its_own_runs_says_why_beside_them(scheduler, runtime, tmp_path: Path):
+    ports, _ = scheduler
+    listing = _render(f"http://127.0.0.1:{ports.status}/?runtime={runtime.url}/partial", tmp_path / "profile")
+    whole = _render(f"http://127.0.0.1:{ports.status}/?runtime={runtime.url}/flat", tmp_path / "profile2")
+    assert [r[0].replace("\u2003", " ").strip() for r in listing.bodies["runtime-runs"]][0] == "run-root"
+    assert listing.texts["runtime-not-listed"] == NOT_LISTED and listing.texts["runtime-error"] == ""
+    assert whole.texts["runtime-not-listed"] == ""
 
 
 def test_a_runtime_that_cannot_be_read_is_named_and_the_scheduler_still_shows(
