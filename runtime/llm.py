@@ -37,7 +37,9 @@ from luftpause.runtime.completion_stream import CompletionStream, StreamError
 
 log = logging.getLogger(__name__)
 
-# Longest a single turn may take, queue wait included (the OpenAI and Anthropic clients' default).
+# Longest a turn may go without a byte from the dataplane, its wait for admission included, before
+# its run fails (the OpenAI and Anthropic clients' default, which is as they read it too: a reply
+# still streaming is never cut for its length).
 TURN_TIMEOUT_S = 600.0
 # Wait before retrying a 429 that names no Retry-After.
 DEFAULT_RETRY_AFTER_S = 1.0

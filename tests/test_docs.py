@@ -1,16 +1,18 @@
 """The README and docs/ hold together: every relative link reaches a file (and a heading, where it
-names one), every `luftpause` command they show is one the CLI has, and the front page stays a
-front page."""
+names one), every `luftpause` command they show is one the CLI has, every config file they show
+is one luftpause loads, and the front page stays a front page."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
 from docs import DOCUMENTS, PAGES, README, ROOT, anchors, commands, links
+from luftpause import config
 from luftpause.cli import build_parser
 
 # The front page: what it is, try it, connect a client, the headline figures, where to read on.
@@ -98,3 +100,18 @@ def test_the_map_sends_a_newcomer_to_every_module_of_the_scheduler_and_the_datap
     modules = [p for part in ("scheduler", "dataplane") for p in sorted((ROOT / part).rglob("*.py"))]
     unnamed = [str(p.relative_to(ROOT)) for p in modules if p.name != "__init__.py" and p not in named]
     assert not unnamed, "docs/where-things-live.md never names " + ", ".join(unnamed)
+
+
+TOML_FENCE = re.compile(r"^```toml\n(.*?)^```", re.S | re.M)
+
+
+def test_every_config_file_shown_is_one_luftpause_loads(tmp_path: Path) -> None:
+    shown = [(path, block) for path in DOCUMENTS for block in TOML_FENCE.findall(path.read_text())]
+    assert shown, "docs/configuration.md shows a config file"
+    for i, (path, block) in enumerate(shown):
+        file = tmp_path / f"{i}.toml"
+        file.write_text(block)
+        try:
+            config.load(file)
+        except config.ConfigError as e:
+            pytest.fail(f"the config shown in {path.relative_to(ROOT)} does not load: {e}")
