@@ -1,10 +1,11 @@
 """The luftpause request and response headers, and the rules for reading the request ones.
 
-In:  `x-luftpause-run-id` (the run: UTF-8, at most 256 bytes), `x-luftpause-class` (interactive, the default, or batch),
+In:  `x-luftpause-run-id` (the run: UTF-8, at most 256 bytes, no control characters), `x-luftpause-class` (interactive, the default, or batch),
      `x-luftpause-caller` (who is asking, for fairness; cut at 128 bytes, absent = the shared
      anonymous caller "").
 Out: `x-luftpause-run-id` on every response but the scheduler-unreachable case (where the client
-     gets no response at all while the turn is held) and the refusal of a bad run id header itself,
+     gets no response at all while the turn is held), the refusal of a bad run id header itself
+     and a 401 (the token is checked before anything of the request is read),
      `x-luftpause-replica` once a turn is placed.
 
 HTTP servers hand header values over decoded as latin-1, byte for byte; encoding back to latin-1

@@ -110,7 +110,8 @@ class Replica(_Strict):
     host_cache: bool | None = None
     # How long this replica is first taken out of rotation when its turns keep failing (5 in a
     # row, or half of 20 or more within 10 s, its own fault: unreachable, broken off, not a reply,
-    # 5xx); its n-th ejection lasts n times this, at most 10 (scheduler/outliers.py).
+    # 5xx); each ejection lasts one more times this than the last, at most 10 times, less one for
+    # every 10 times this it served since without one (scheduler/outliers.py).
     ejection_base_s: float = Field(default=OUTLIER_EJECTION_BASE_S, gt=0, le=3600)
 
     def keeps_host_cache(self) -> bool:
