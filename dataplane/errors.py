@@ -55,7 +55,8 @@ class ReplicaUnreachable(TurnRefused):
 class ReplicaUnreadable(TurnRefused):
     """The placed turn's engine answered 200 with what is not a reply: a body that is not JSON, a
     stream that is not server-sent events of JSON, or one that ended before its reply did; the 502
-    the client gets (or, once a stream has begun, the error event it ends with)."""
+    the client gets before its response began (after, a stream not of JSON ends with this as an
+    error event, and one cut short just closes without its last chunk)."""
 
     status_code = 502
 
