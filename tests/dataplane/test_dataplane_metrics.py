@@ -4,10 +4,10 @@ engine; and engine errors by kind."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import httpx
+import pytest
 from conftest import MODEL, Stack, answers_json, chunk, completion, streams
 from prometheus_client.parser import text_string_to_metric_families
 from support import until
@@ -87,7 +87,7 @@ async def test_turns_count_by_outcome_and_class_and_engine_errors_by_kind(stack:
         assert (await client.post(url, json=BODY, headers=batch)).status_code == 429
         # The engine breaks off mid-stream: the client's connection closes before the end.
         stack.engine.behaviour = streams([chunk({"role": "assistant", "content": "a"})], then="abort")
-        with contextlib.suppress(httpx.HTTPError):
+        with pytest.raises(httpx.RemoteProtocolError):
             await client.post(url, json={**BODY, "stream": True})
         # Refused by the dataplane itself before its class is known: a class nobody has.
         refused = await client.post(url, json=BODY, headers={"x-luftpause-class": "urgent"})

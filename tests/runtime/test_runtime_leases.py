@@ -83,8 +83,10 @@ async def test_an_await_on_the_other_runtime_wakes_when_the_run_ends(pair):
     run = await a.spawn("far away")
     (shown,) = await b.runs.find([run.handle])
     assert shown.status == "running" and b.started == [], "b shows the run; a drives it"
-    waiting = asyncio.ensure_future(b.runs.wait([run.handle], "all", 30))
-    await asyncio.sleep(0)
+    waiting = asyncio.ensure_future(b.runs.wait_on([shown], "all", 30))
+    # b's await is parked on its changes before the run ends, so that the end's notification is
+    # what wakes it (asyncio.Condition keeps its parked waiters in `_waiters`).
+    await until(lambda: len(b.runs.changes._condition._waiters) == 1, what="b's await to be parked")
     a.release[run.handle].set()
     (ended,), timed_out = await asyncio.wait_for(waiting, 10)  # well within the keeper's 20 s
     assert not timed_out and (ended.status, ended.result) == ("finished", "answer to far away")
@@ -93,13 +95,14 @@ async def test_an_await_on_the_other_runtime_wakes_when_the_run_ends(pair):
 async def test_a_cancel_on_the_other_runtime_stops_the_run_where_it_runs(pair):
     a, b = pair
     run = await a.spawn("to cancel")
+    await until(lambda: run.handle in a.started, what="a's loop of the run to start")
+    loop = run.task
+    assert loop is not None
     await b.runs.cancel(run.handle)
     await asyncio.wait_for(run.done.wait(), 10)
     assert (run.status, run.error) == ("cancelled", "cancelled by the client")
-    loops = [t for t in asyncio.all_tasks() if t.get_name() == f"run:{run.handle}"]
-    if loops:
-        await asyncio.wait(loops, timeout=10)
-    assert all(t.cancelled() for t in loops), "a's loop of the run stopped"
+    await asyncio.wait([loop], timeout=10)
+    assert loop.cancelled(), "a's loop of the run stopped"
     assert [r["type"] for r in b.store.records() if r["run"] == run.handle] == ["spawned", "finished"]
 
 

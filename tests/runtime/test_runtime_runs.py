@@ -94,7 +94,7 @@ async def test_await_of_an_unknown_handle_is_an_error(runs):
 
 async def test_cancel_ends_a_running_run_and_journals_it(runs, script, tmp_path):
     a = runs.spawn(spec("a"), None)
-    await asyncio.sleep(0)
+    await until(lambda: script.started, what="the run's loop to start")
     loop = a.task
     cancelled = await runs.cancel(a.handle)
     assert cancelled.status == "cancelled" and loop.cancelled()
@@ -107,9 +107,9 @@ async def test_cancel_ends_a_running_run_and_journals_it(runs, script, tmp_path)
     assert (await runs.cancel(a.handle)).status == "cancelled"
 
 
-async def test_shutdown_stops_loops_without_ending_their_runs(runs, tmp_path):
+async def test_shutdown_stops_loops_without_ending_their_runs(runs, script, tmp_path):
     a = runs.spawn(spec("a"), None)
-    await asyncio.sleep(0)
+    await until(lambda: script.started, what="the run's loop to start")
     await runs.shutdown()
     assert a.task.cancelled() and a.status == "running"
     assert [r["type"] for r in read_records(tmp_path / "runs.jsonl")] == ["spawned"]
@@ -139,7 +139,7 @@ async def test_restore_answers_for_ended_runs_and_resumes_the_others_from_their_
     result, timed_out = await after.wait([done.handle], "all", 0)
     assert not timed_out and result[0].result == "answer to done"
 
-    await asyncio.sleep(0)
+    await until(lambda: second.started, what="the open run to resume")
     assert [h for h, _ in second.started] == [open_run.handle]
     resumed_messages = second.started[0][1]
     assert resumed_messages == [{"role": "user", "content": "open"}, *round_messages]
@@ -251,7 +251,7 @@ async def test_old_finished_trees_move_to_the_archive_and_still_answer(stores):
     assert [r["type"] for r in records if r["run"] == recent.handle] == ["spawned", "finished"]
     assert [r["type"] for r in records if r["run"] == open_run.handle] == ["spawned", "round"]
     assert after.get(child.handle).result == "answer to old child", "the archive answers after a restart"
-    await asyncio.sleep(0)
+    await until(lambda: second.started, what="the open run to resume")
     assert [h for h, _ in second.started] == [open_run.handle]
     assert second.started[0][1][-1] == {"role": "tool", "tool_call_id": "c1", "content": "r"}
     await after.shutdown()
