@@ -6,8 +6,10 @@ the runtime starts the server as its child process), held open by a task of its 
 a background task per server connects and lists its tools, trying again every `RETRY_S` while the
 server is not up, so the runtime may start before its tool servers; the list is kept from then on.
 A transport failure during a call drops the connection and the next call reconnects; the call
-that hit it fails, and the model is told so. A call that takes longer than `CALL_TIMEOUT_S`
-fails the same way, so one hung tool server cannot hold a run forever.
+that hit it fails, and the model is told so. So does a server that closed the connection (a stdio
+server that exited: the SDK fails every request on it with CONNECTION_CLOSED from then on). A call
+that takes longer than `CALL_TIMEOUT_S` fails the same way, and so does a connection not made
+within `CONNECT_TIMEOUT_S`, so one hung tool server cannot hold a run forever.
 
 Tool names are global across servers: the first configured server offering a name wins.
 
@@ -44,6 +46,9 @@ RETRY_S = 1.0
 STARTUP_GRACE_S = 15.0
 # Longest one tool call may take before the model is told it failed.
 CALL_TIMEOUT_S = 300.0
+# Longest a connection to a tool server may take (a stdio server started, or a URL answered, and
+# the MCP handshake done) before the call or listing that asked for it fails.
+CONNECT_TIMEOUT_S = 30.0
 # The `_meta` key naming a call's idempotency key (runtime/agent.py `idempotency_key`).
 IDEMPOTENCY_META_KEY = "luftpause/idempotency-key"
 
@@ -137,6 +142,7 @@ class ToolServer:
             if idempotency_key
             else None
         )
+        client = None
         try:
             async with self._lock:
                 client = await self._connected()
@@ -147,6 +153,8 @@ class ToolServer:
                 f"tool {name} on {self.name} gave no result within {self.call_timeout_s:.0f} s", is_error=True
             )
         except MCPError as e:
+            if e.error.code == mcp_types.CONNECTION_CLOSED and self._client is client:
+                await self._disconnect()  # the server went away: the next call starts it again
             return ToolResult(f"tool {name} failed: {e}", is_error=True)
         except Exception as e:
             await self._disconnect()
@@ -166,7 +174,15 @@ class ToolServer:
         release = asyncio.Event()
         self._release = release
         self._holder = asyncio.create_task(self._hold(target, ready, release), name=f"mcp:{self.name}")
-        self._client = await ready
+        try:
+            self._client = await asyncio.wait_for(asyncio.shield(ready), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            await self._disconnect(stop_connecting=True)
+            if ready.done() and not ready.cancelled():
+                ready.exception()  # the holder's own account of the cancelled connection: not needed
+            raise ToolServerUnavailable(
+                f"tool server {self.name} did not finish connecting within {CONNECT_TIMEOUT_S:.0f} s"
+            ) from None
         return self._client
 
     async def _hold(
@@ -186,11 +202,14 @@ class ToolServer:
             else:
                 log.warning("tool server %s: connection closed: %s", self.name, _describe(e))
 
-    async def _disconnect(self) -> None:
+    async def _disconnect(self, stop_connecting: bool = False) -> None:
+        """Lets go of the connection; `stop_connecting`: one still being made is given up at once."""
         holder, release = self._holder, self._release
         self._client = self._holder = self._release = None
         if release is not None:
             release.set()
+        if holder is not None and stop_connecting:
+            holder.cancel()
         if holder is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(holder, timeout=5)
