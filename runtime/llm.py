@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 # its run fails (the OpenAI and Anthropic clients' default, which is as they read it too: a reply
 # still streaming is never cut for its length).
 TURN_TIMEOUT_S = 600.0
+# Idle connections to the dataplane kept open for the next turns.
+DATAPLANE_KEEPALIVE = 64
 # Wait before retrying a 429 that names no Retry-After.
 DEFAULT_RETRY_AFTER_S = 1.0
 # How long one turn keeps retrying transient failures, and the waits between its tries.
@@ -70,8 +72,14 @@ class Dataplane:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"authorization": f"Bearer {token}"} if token else None
+        # No cap on connections: each running turn holds one while the scheduler holds it for
+        # admission, and a cap (httpx's default is 100) would queue turns here, unseen by the
+        # scheduler's class order and fairness, behind the held ones.
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport, headers=headers
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=DATAPLANE_KEEPALIVE),
+            transport=transport,
+            headers=headers,
         )
 
     async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:

@@ -1,13 +1,17 @@
 """The runtime's turns are streamed: the chunks put back together into the reply a turn not streamed
 would get, an error event inside a stream, and a stream that breaks off, through `Dataplane.complete`
-against scripted dataplanes and the fake engine in process."""
+against scripted dataplanes and the fake engine in process; and more turns at once than an HTTP
+client pools by default all reach the dataplane."""
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from streamed_replies import calls_message, chunks, sse, sse_response
+from support import LoopbackServer, QuietHandler
 
 from luftpause.fake_engine.params import EngineParams
 from luftpause.fake_engine.server import create_app
@@ -213,3 +217,46 @@ async def test_the_fake_engine_streamed_adds_up_to_its_reply_not_streamed(tools)
     assert {k: v for k, v in streamed.items() if k not in different} == {
         k: v for k, v in whole.items() if k not in different
     }
+
+
+def test_more_turns_at_once_than_httpx_pools_by_default_all_reach_the_dataplane() -> None:
+    # 120 turns held at the dataplane at once (as the scheduler holds them for admission): each
+    # must reach it, or the ones beyond the client's pool would wait unseen by the scheduler.
+    at_once = 120
+    all_here = threading.Event()
+    count = [0]
+    lock = threading.Lock()
+
+    class HoldsUntilAllArrive(QuietHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.rfile.read(int(self.headers["content-length"]))
+            with lock:
+                count[0] += 1
+                if count[0] == at_once:
+                    all_here.set()
+            all_here.wait(30)
+            reply = {
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                ]
+            }
+            self.answer(200, json.dumps(reply).encode(), {"content-type": "application/json"})
+
+    server = LoopbackServer(HoldsUntilAllArrive)
+
+    async def turns() -> list[dict]:
+        dataplane = Dataplane(server.url)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(*(dataplane.complete(body, {}) for _ in range(at_once))), 20
+            )
+        finally:
+            await dataplane.close()
+
+    try:
+        replies = asyncio.run(turns())
+    finally:
+        all_here.set()
+        server.close()
+    assert count[0] == at_once and len(replies) == at_once
