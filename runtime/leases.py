@@ -91,6 +91,11 @@ class Leases:
             except JournalError as e:
                 self._cut_off = True
                 log.warning("leases not renewed this time (%s); runs driven here go on", e)
+            except Exception:
+                # Anything else (a driver error the store does not translate) is taken as an outage
+                # too: the keeper must go on, or the other runtimes take these runs.
+                self._cut_off = True
+                log.exception("leases not renewed this time; runs driven here go on")
 
     async def tick(self) -> None:
         """One round of the keeper: renew, take the expired, read the runs shown elsewhere again."""

@@ -106,18 +106,26 @@ class Runtime:
         while True:
             await asyncio.sleep(period_s)
             settings = self.config.runtime
+            # Each step's failure is logged and the loop goes on: a loop that ended on an error
+            # nobody expected would leave every later finished run in memory.
             try:
                 await evict(self.runs, settings.retention_s)
             except (OSError, JournalError) as e:
                 log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
+            except Exception:
+                log.exception("moving finished runs to the archive failed; they stay in memory")
             try:
                 await asyncio.to_thread(self.journal.trim_archive, settings.archive_retention_s, time.time())
             except (OSError, JournalError) as e:
                 log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
+            except Exception:
+                log.exception("trimming the archive failed; it is tried again at the next pass")
             try:
                 self.tasks.trim()
             except (OSError, JournalError) as e:
                 log.error("rewriting tasks.jsonl failed (%s); it is tried again at the next pass", e)
+            except Exception:
+                log.exception("trimming the ended tasks failed; it is tried again at the next pass")
 
     async def stop(self) -> None:
         """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot

@@ -389,3 +389,26 @@ async def test_a_runtime_that_takes_runs_over_links_them_to_their_parents_on_the
     finally:
         for r in (a, b, c):
             await r.stop()
+
+
+async def test_a_keeper_round_failing_on_an_error_nobody_expected_leaves_the_keeper_going(
+    postgres_url, caplog
+):
+    rt = Runtime(postgres_url, "keeper", 1.5)  # a round every half second
+    rounds: list[float] = []
+    real_tick = rt.leases.tick
+
+    async def first_round_fails() -> None:
+        rounds.append(time.monotonic())
+        if len(rounds) == 1:
+            raise ValueError("a driver error the store does not translate")
+        await real_tick()
+
+    rt.leases.tick = first_round_fails  # type: ignore[method-assign]
+    rt.leases.start()
+    try:
+        await until(lambda: len(rounds) >= 2, timeout_s=10, what="a keeper round after the failed one")
+    finally:
+        await rt.stop()
+    assert "leases not renewed this time; runs driven here go on" in caplog.text
+    assert "a driver error the store does not translate" in caplog.text
