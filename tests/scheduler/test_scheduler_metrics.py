@@ -187,6 +187,13 @@ def _by(
     return {dict(labels)[label]: v for labels, v in families[name].items()}
 
 
+def _by_replica_and(
+    families: dict[str, dict[frozenset[tuple[str, str]], float]], name: str, label: str
+) -> dict[str, tuple[str, float]]:
+    """One family's (value of `label`, sample value) by replica."""
+    return {dict(labels)["replica"]: (dict(labels)[label], v) for labels, v in families[name].items()}
+
+
 def test_the_gate_families_show_each_pool_the_runs_it_holds_and_the_runs_waiting_for_room():
     # a's pool holds r1 and r2 (4000 tokens each with their reply reserves), not a third; b's is unknown.
     pool = Pool(spec("a", kv_tokens=10000, gate_min_runs=1), spec("b"))
@@ -224,22 +231,14 @@ def test_each_replica_shows_how_the_gate_counts_there_and_who_said_it_keeps_a_ho
     pool.probe("said-tier", kv_tokens=10000, host_cache=True)  # the engine says it has a tier
     pool.probe("unknown", host_cache=False)  # says no tier, but nothing of its pool
     families = _families(pool.state)
-    modes = {
-        dict(labels)["replica"]: (dict(labels)["mode"], v)
-        for labels, v in families["luftpause_scheduler_replica_run_gate"].items()
-    }
-    assert modes == {
+    assert _by_replica_and(families, "luftpause_scheduler_replica_run_gate", "mode") == {
         "tokens": ("tokens", 1.0),
         "slots": ("slots", 1.0),
         "configured-tier": ("off: host cache", 1.0),
         "said-tier": ("off: host cache", 1.0),
         "unknown": ("off: pool unknown", 1.0),
     }
-    tiers = {
-        dict(labels)["replica"]: (dict(labels)["source"], v)
-        for labels, v in families["luftpause_scheduler_replica_host_cache"].items()
-    }
-    assert tiers == {
+    assert _by_replica_and(families, "luftpause_scheduler_replica_host_cache", "source") == {
         "tokens": ("default", 0.0),
         "slots": ("default", 0.0),
         "configured-tier": ("config", 1.0),
