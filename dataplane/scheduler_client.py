@@ -53,13 +53,22 @@ _UNREACHABLE = {
     grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
-_CHANNEL_OPTIONS = [
-    # gRPC's own reconnect backoff grows to two minutes by default; a restarted scheduler must
-    # be found again within about the stream reconnect period.
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.min_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+
+def _channel_options() -> list[tuple[str, int]]:
+    return [
+        # gRPC's own reconnect backoff grows to two minutes by default; a restarted scheduler must
+        # be found again within about the stream reconnect period.
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.min_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        # Pings, with calls or without, however long nothing else is sent (the config's constants).
+        ("grpc.keepalive_time_ms", round(lp_config.SCHEDULER_KEEPALIVE_S * 1000)),
+        ("grpc.keepalive_timeout_ms", round(lp_config.SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)),
+        # This gRPC closes a connection whose ping goes unanswered only by this one.
+        ("grpc.http2.ping_timeout_ms", round(lp_config.SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def dataplane_name(settings: lp_config.DataplaneSettings, worker: int | None = None) -> str:
@@ -112,7 +121,7 @@ class SchedulerClient:
         return self._synced.is_set()
 
     async def start(self) -> None:
-        self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(self._target, options=_channel_options())
         self._stub = rpc.SchedulerStub(self._channel)
         self._stream_task = asyncio.create_task(self._keep_streaming(), name="scheduler-stream")
         self._pruner = asyncio.create_task(self._prune_forever(), name="dataplane-prune")

@@ -30,6 +30,12 @@ from luftpause.defaults import OUTLIER_EJECTION_BASE_S as OUTLIER_EJECTION_BASE_
 # Ports from the description; the fake engines' and fake MCP's are ours, kept stable.
 SCHEDULER_GRPC_PORT = 5000
 SCHEDULER_STATUS_PORT = 5001
+# gRPC keepalive on the dataplane's connection to the scheduler: each side pings the other after
+# this long without a frame from it, and drops the connection when no answer comes within the
+# timeout, so that a half-open connection (a host gone, a network cut) is found in seconds, not in
+# TCP's quarter of an hour. The scheduler takes pings as often as half of it, never fewer.
+SCHEDULER_KEEPALIVE_S = 10.0
+SCHEDULER_KEEPALIVE_TIMEOUT_S = 5.0
 DATAPLANE_PORT = 8080
 RUNTIME_PORT = 7000
 FAKE_ENGINE_PORTS = (9001, 9002)
