@@ -329,10 +329,17 @@ def _approve(args: argparse.Namespace) -> str:
 def run_command(args: argparse.Namespace) -> None:
     """What the CLI calls for each of the four commands."""
     try:
-        print(args.render(args))
+        text = args.render(args)
     except Unreachable as e:
         print(f"luftpause {args.command}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Its reader stopped early (`luftpause status | head -3`): nothing more to say, and no
+        # traceback. stdout goes to /dev/null so that the interpreter's own flush at exit is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
 
 
 def add_commands(sub: Any) -> None:

@@ -262,3 +262,41 @@ def test_runs_says_which_runs_a_runtime_could_not_list(tmp_path: Path) -> None:
     assert "run-here" in table and "summarise the report" in table
     assert note == missing
     assert [n["handle"] for n in json.loads(as_json.stdout)] == ["run-here"], "--json stays the runs alone"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    # `luftpause runs | head -1`, with the reader gone before anything is written: a stand-in
+    # runtime answers a long list, and the pipe's read end is closed at once.
+    runs, tree = status_runs(
+        [Run(handle=f"run-{i:04d}", spec=RunSpec(task="t", model="m"), caller="a", created_at=0.0, messages=[])
+         for i in range(2000)]
+    )  # fmt: skip
+    body = json.dumps({"runs": runs, "tree": tree, "notListed": None}).encode()
+
+    class StandIn(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "luftpause", "runs", "--all", "--runtime", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=60)
+    finally:
+        server.shutdown()
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert proc.returncode == 0
