@@ -61,13 +61,7 @@ def _channel_options() -> list[tuple[str, int]]:
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.min_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", 1000),
-        # Pings, with calls or without, however long nothing else is sent (the config's constants).
-        ("grpc.keepalive_time_ms", round(lp_config.SCHEDULER_KEEPALIVE_S * 1000)),
-        ("grpc.keepalive_timeout_ms", round(lp_config.SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)),
-        # This gRPC closes a connection whose ping goes unanswered only by this one.
-        ("grpc.http2.ping_timeout_ms", round(lp_config.SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
+        *lp_config.scheduler_keepalive_options(),
     ]
 
 

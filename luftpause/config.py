@@ -36,6 +36,22 @@ SCHEDULER_STATUS_PORT = 5001
 # TCP's quarter of an hour. The scheduler takes pings as often as half of it, never fewer.
 SCHEDULER_KEEPALIVE_S = 10.0
 SCHEDULER_KEEPALIVE_TIMEOUT_S = 5.0
+
+
+def scheduler_keepalive_options() -> list[tuple[str, int]]:
+    """The gRPC channel arguments of that keepalive, the same on both sides (read at each call, so
+    that a test may shorten the constants): pings with calls or without, however long nothing else
+    is sent. This gRPC closes a connection whose ping goes unanswered by `ping_timeout_ms` alone."""
+    timeout_ms = round(SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)
+    return [
+        ("grpc.keepalive_time_ms", round(SCHEDULER_KEEPALIVE_S * 1000)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 DATAPLANE_PORT = 8080
 RUNTIME_PORT = 7000
 FAKE_ENGINE_PORTS = (9001, 9002)

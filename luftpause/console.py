@@ -275,7 +275,8 @@ def _runs(args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(nodes, indent=2)
     # A runtime on a shared store that could not read it lists its own runs and says why.
-    return "\n\n".join([render_runs(nodes), *([doc["notListed"]] if doc.get("notListed") else [])])
+    text = render_runs(nodes)
+    return f"{text}\n\n{doc['notListed']}" if doc.get("notListed") else text
 
 
 async def _call_tool(args: argparse.Namespace, tool: str, **arguments: Any) -> dict[str, Any]:

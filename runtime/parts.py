@@ -52,6 +52,15 @@ def _nothing() -> None:
     return None
 
 
+def _step_failed(step: str, then: str, error: Exception) -> None:
+    """Logs a failed step of a background pass: the disk's or the store's errors by their message,
+    anything else with its traceback (nobody expected it)."""
+    if isinstance(error, (OSError, JournalError)):
+        log.error("%s failed (%s); %s", step, error, then)
+    else:
+        log.exception("%s failed; %s", step, then, exc_info=error)
+
+
 class Runtime:
     """The runtime's parts, wired together: journal, runs, sub-agent loop, tool servers, tasks."""
 
@@ -110,22 +119,16 @@ class Runtime:
             # nobody expected would leave every later finished run in memory.
             try:
                 await evict(self.runs, settings.retention_s)
-            except (OSError, JournalError) as e:
-                log.error("moving finished runs to the archive failed (%s); they stay in memory", e)
-            except Exception:
-                log.exception("moving finished runs to the archive failed; they stay in memory")
+            except Exception as e:
+                _step_failed("moving finished runs to the archive", "they stay in memory", e)
             try:
                 await asyncio.to_thread(self.journal.trim_archive, settings.archive_retention_s, time.time())
-            except (OSError, JournalError) as e:
-                log.error("trimming the archive failed (%s); it is tried again at the next pass", e)
-            except Exception:
-                log.exception("trimming the archive failed; it is tried again at the next pass")
+            except Exception as e:
+                _step_failed("trimming the archive", "it is tried again at the next pass", e)
             try:
                 self.tasks.trim()
-            except (OSError, JournalError) as e:
-                log.error("rewriting tasks.jsonl failed (%s); it is tried again at the next pass", e)
-            except Exception:
-                log.exception("trimming the ended tasks failed; it is tried again at the next pass")
+            except Exception as e:
+                _step_failed("rewriting tasks.jsonl", "it is tried again at the next pass", e)
 
     async def stop(self) -> None:
         """Stops every part in turn. A part that fails to stop (a journal the disk refused cannot
@@ -255,16 +258,14 @@ class Runtime:
         `STATUS_STORE_WAIT_S`, the runs held here, and `notListed` says why."""
         tools, _ = self.tool_servers.catalog()
         elsewhere: list[Run] = []
-        not_listed = None
+        unread = None
         try:
             elsewhere = await asyncio.wait_for(self._stored_elsewhere(), STATUS_STORE_WAIT_S)
         except JournalError as e:
-            not_listed = f"the runs other runtimes drive are not listed: {e}"
+            unread = str(e)
         except TimeoutError:
-            not_listed = (
-                "the runs other runtimes drive are not listed: the run store did not answer "
-                f"within {STATUS_STORE_WAIT_S:g} s"
-            )
+            unread = f"the run store did not answer within {STATUS_STORE_WAIT_S:g} s"
+        not_listed = f"the runs other runtimes drive are not listed: {unread}" if unread else None
         # Read for this document alone, so linking them into their trees changes no live run.
         by_handle = {r.handle: r for r in elsewhere}
         for run in elsewhere:

@@ -11,6 +11,7 @@ Nothing here recurses: a run tree restored from a journal may be deeper than spa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -100,7 +101,7 @@ TREE_NESTING = 64
 
 
 def status_runs(
-    held: list[Run], elsewhere: list[Run] | tuple[()] = ()
+    held: Sequence[Run], elsewhere: Sequence[Run] = ()
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """GET /status's `runs` and `tree`: the runs this runtime holds, then `elsewhere` (runs other
     runtimes sharing its store drive or ended, read from it and linked to each other), and their

@@ -86,16 +86,11 @@ def grpc_server(token: str | None, max_connections: int, handshake_timeout_s: fl
             ("grpc.so_reuseport", 0),
             ("grpc.max_allowed_incoming_connections", max_connections),
             ("grpc.server_handshake_timeout_ms", max(1, round(handshake_timeout_s * 1000))),
-            # Keepalive (config.SCHEDULER_KEEPALIVE_S): the scheduler pings a dataplane that went
-            # quiet, and takes the dataplane's pings, with calls or without, as often as half of
-            # it (by default gRPC takes one each 5 minutes and sends GOAWAY for more).
-            ("grpc.keepalive_time_ms", round(lp_config.SCHEDULER_KEEPALIVE_S * 1000)),
-            ("grpc.keepalive_timeout_ms", round(lp_config.SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)),
-            # This gRPC closes a connection whose ping goes unanswered only by this one.
-            ("grpc.http2.ping_timeout_ms", round(lp_config.SCHEDULER_KEEPALIVE_TIMEOUT_S * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            # (gRPC core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS goes by this name.)
+            # Keepalive (config.scheduler_keepalive_options): the scheduler pings a dataplane that
+            # went quiet, and takes the dataplane's pings as often as half the period (by default
+            # gRPC takes one each 5 minutes and sends GOAWAY for more; core's
+            # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS goes by this name).
+            *lp_config.scheduler_keepalive_options(),
             ("grpc.http2.min_ping_interval_without_data_ms", round(lp_config.SCHEDULER_KEEPALIVE_S * 500)),
-            ("grpc.http2.max_pings_without_data", 0),
         ],
     )

@@ -4,13 +4,12 @@ and what they say when a service is not there or refuses them."""
 
 from __future__ import annotations
 
-import http.server
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,18 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from support import Ports, call, free_port, start_up, stop_up, task_planning, wait_until, write_config
+from support import (
+    LoopbackServer,
+    Ports,
+    QuietHandler,
+    call,
+    free_port,
+    start_up,
+    stop_up,
+    task_planning,
+    wait_until,
+    write_config,
+)
 
 from luftpause.runtime.run import Run
 from luftpause.runtime.spec import RunSpec
@@ -228,35 +238,35 @@ def test_a_service_that_is_not_there_is_named_with_what_to_start(tmp_path: Path)
         assert f"`{start}`" in line and "point --" in line
 
 
+@contextlib.contextmanager
+def _runtime_listing(runs: list[Run], not_listed: str | None) -> Iterator[str]:
+    """The URL of a stand-in runtime whose GET /status lists `runs` and says `not_listed`."""
+    listed, tree = status_runs(runs)
+    body = json.dumps({"runs": listed, "tree": tree, "notListed": not_listed}).encode()
+
+    class Status(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.answer(200, body, {"content-type": "application/json"})
+
+    server = LoopbackServer(Status)
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+def _run(handle: str, task: str = "t") -> Run:
+    return Run(handle=handle, spec=RunSpec(task=task, model="m"), caller="alice", created_at=0.0, messages=[])
+
+
 def test_runs_says_which_runs_a_runtime_could_not_list(tmp_path: Path) -> None:
     # A runtime on a shared store whose database is down lists its own runs and says why not the others'.
-    run = Run(handle="run-here", spec=RunSpec(task="summarise the report", model="m"), caller="alice",
-              created_at=0.0, messages=[])  # fmt: skip
-    runs, tree = status_runs([run])
     missing = "the runs other runtimes drive are not listed: the run store ... cannot be reached"
-    body = json.dumps({"runs": runs, "tree": tree, "notListed": missing}).encode()
-
-    class StandIn(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _runtime_listing([_run("run-here", "summarise the report")], missing) as url:
         shown = subprocess.run([sys.executable, "-m", "luftpause", "runs", "--runtime", url],
                                capture_output=True, text=True, timeout=60)  # fmt: skip
         as_json = subprocess.run([sys.executable, "-m", "luftpause", "runs", "--runtime", url, "--json"],
                                  capture_output=True, text=True, timeout=60)  # fmt: skip
-    finally:
-        server.shutdown()
     assert shown.returncode == 0, shown.stderr
     table, note = shown.stdout.rstrip("\n").split("\n\n")
     assert "run-here" in table and "summarise the report" in table
@@ -267,27 +277,7 @@ def test_runs_says_which_runs_a_runtime_could_not_list(tmp_path: Path) -> None:
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
     # `luftpause runs | head -1`, with the reader gone before anything is written: a stand-in
     # runtime answers a long list, and the pipe's read end is closed at once.
-    runs, tree = status_runs(
-        [Run(handle=f"run-{i:04d}", spec=RunSpec(task="t", model="m"), caller="a", created_at=0.0, messages=[])
-         for i in range(2000)]
-    )  # fmt: skip
-    body = json.dumps({"runs": runs, "tree": tree, "notListed": None}).encode()
-
-    class StandIn(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _runtime_listing([_run(f"run-{i:04d}") for i in range(2000)], None) as url:
         proc = subprocess.Popen(
             [sys.executable, "-m", "luftpause", "runs", "--all", "--runtime", url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -296,7 +286,5 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
         proc.stdout.close()
         err = proc.stderr.read().decode()
         proc.wait(timeout=60)
-    finally:
-        server.shutdown()
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert proc.returncode == 0
