@@ -31,7 +31,7 @@ from luftpause.runtime.state_lock import StateLock
 from luftpause.runtime.store import open_store
 from luftpause.runtime.tasks import Tasks
 from luftpause.runtime.tool_servers import ToolServers
-from luftpause.runtime.views import status_runs
+from luftpause.runtime.views import link_among, status_runs
 
 if TYPE_CHECKING:
     from luftpause.runtime.leases import Leases
@@ -267,12 +267,7 @@ class Runtime:
             unread = f"the run store did not answer within {STATUS_STORE_WAIT_S:g} s"
         not_listed = f"the runs other runtimes drive are not listed: {unread}" if unread else None
         # Read for this document alone, so linking them into their trees changes no live run.
-        by_handle = {r.handle: r for r in elsewhere}
-        for run in elsewhere:
-            parent = by_handle.get(run.spec.parent or "")
-            if parent is not None:
-                run.link_under(parent)
-        runs, tree = status_runs(list(self.runs), elsewhere)
+        runs, tree = status_runs(list(self.runs), link_among(elsewhere))
         return {
             "runs": runs,
             "tree": tree,

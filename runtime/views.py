@@ -122,6 +122,18 @@ def status_runs(
     return runs, status_tree([*roots, *rest_roots], summaries)
 
 
+def link_among(runs: Sequence[Run]) -> Sequence[Run]:
+    """`runs` (read from the store, kept by nobody) each linked under its parent where that is
+    among them; a run that names itself as its parent (only a damaged journal does) stands alone,
+    as runs.py has it, or its subtree would never end."""
+    by_handle = {r.handle: r for r in runs}
+    for run in runs:
+        parent = by_handle.get(run.spec.parent or "")
+        if parent is not None and parent is not run:
+            run.link_under(parent)
+    return runs
+
+
 def status_tree(roots: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The run tree as GET /status shows it: each root with its children nested inside it, down
     to TREE_NESTING levels (see above); built with a stack, not by recursion."""

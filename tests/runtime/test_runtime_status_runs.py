@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from luftpause.runtime.run import Run
 from luftpause.runtime.spec import RunSpec
-from luftpause.runtime.views import status_runs
+from luftpause.runtime.views import link_among, status_runs
 
 
 def _run(handle: str, parent: Run | str | None = None, tokens: float = 0.0) -> Run:
@@ -71,3 +71,14 @@ def test_without_runs_elsewhere_the_list_is_the_held_runs():
     runs, tree = status_runs([root, child])
     assert [r["handle"] for r in runs] == ["root", "child"]
     assert _tree(tree) == {"root": (None, ["child"]), "child": (None, [])}
+
+
+def test_runs_read_from_the_store_are_linked_to_their_parents_and_one_naming_itself_stands_alone():
+    parent, child, own = (
+        _run("parent"),
+        _run("child", "parent"),
+        _run("own", "own"),
+    )  # `own`: a damaged journal
+    runs, tree = status_runs([], link_among([parent, child, own]))
+    assert [r["handle"] for r in runs] == ["parent", "child", "own"]
+    assert _tree(tree) == {"parent": (None, ["child"]), "child": (None, []), "own": ("own", [])}
